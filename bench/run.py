@@ -1,0 +1,378 @@
+"""One command, every figure: ``python -m bench.run --scale tiny|small|full --out results.json``.
+
+Writes the workload into a temporary folder with its own CDC_HOME (SQLite
+catalog + warehouse) and sources file, builds the base tables, runs every
+contender on the same files in this one run, prints a table and writes the
+figures as JSON.  Targets are reported PASS / MISS, never asserted.
+See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import contenders as C
+from . import workload as wl
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # toy sizes: every contender and figure, well under 2 minutes
+    "tiny": dict(events=2_000, base_rows=5_000, events_per_file=500, scale_events=2_000, scale_small_rows=5_000,
+                 scale_large_rows=50_000, hourly_events=1_000, rss_events=1_000, pyiceberg_cap=2_000, pyiceberg_timeout=120),
+    "small": dict(events=100_000, base_rows=1_000_000, events_per_file=20_000, scale_events=100_000, scale_small_rows=1_000_000,
+                  scale_large_rows=10_000_000, hourly_events=1_000, rss_events=20_000, pyiceberg_cap=100_000, pyiceberg_timeout=600),
+    "full": dict(events=1_000_000, base_rows=1_000_000, events_per_file=20_000, scale_events=100_000, scale_small_rows=1_000_000,
+                 scale_large_rows=10_000_000, hourly_events=1_000, rss_events=100_000, pyiceberg_cap=100_000, pyiceberg_timeout=900),
+}
+
+# name, figure key, comparison, threshold, description
+TARGETS = [
+    ("project_vs_textbook", ">=", 3.0, "project events/s / textbook events/s (spec: 1M events into 1M rows)"),
+    ("project_vs_pyiceberg", ">=", 50.0, "project events/s / pyiceberg upsert events/s"),
+    ("project_vs_limit", ">=", 0.20, "project events/s / orjson decode limit events/s (one process per core)"),
+    ("table_size_ratio", "<=", 1.3, "seconds into large table / seconds into small table (spec: 100k events, 10M vs 1M rows)"),
+    ("hourly_overhead_ratio", "<=", 2.5, "1k-event batch via the DAG's spark-submit / bare spark-submit of an empty job"),
+    ("rss_ratio", "<=", 1.2, "peak RSS (whole process tree) of a 5x batch / of a 1x batch"),
+]
+
+
+def machine_facts(settings) -> dict[str, Any]:
+    import orjson
+    import psutil
+    import pyiceberg
+    import pyspark
+
+    try:
+        java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30).stderr.splitlines()[0]
+    except Exception as exc:  # pragma: no cover
+        java = f"unknown ({exc})"
+    jars = [p.name for p in settings.jar_paths()]
+    return {
+        "cores": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "pyspark": pyspark.__version__,
+        "pyiceberg": pyiceberg.__version__,
+        "orjson": orjson.__version__,
+        "iceberg_jar": next((j for j in jars if "iceberg" in j), None),
+        "java": java,
+        "spark_master": settings.spark_master,
+    }
+
+
+def _rate(events: int, nbytes: int, seconds: float) -> dict[str, float]:
+    return {"events": events, "bytes": nbytes, "mb": round(nbytes / 1e6, 2), "seconds": round(seconds, 3),
+            "events_per_s": round(events / seconds, 1), "mb_per_s": round(nbytes / 1e6 / seconds, 3)}
+
+
+def _pick_capped(files: wl.WorkloadFiles, cap: int) -> list[str]:
+    """Leading files of the batch up to ``cap`` events (at least one file)."""
+    out, n = [], 0
+    for p in files.paths:
+        e, _ = C.file_stats([p])
+        if out and n + e > cap:
+            break
+        out.append(p)
+        n += e
+    return out
+
+
+def _status(value: float, op: str, threshold: float) -> str:
+    return "PASS" if (value >= threshold if op == ">=" else value <= threshold) else "MISS"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--out", default="results.json", help="JSON file of the figures")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--workdir", help="keep data, catalog and logs here (default: a temporary folder, removed)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    p.add_argument("--profile", action="store_true", help="cProfile the driver during the project's main batch")
+    p.add_argument("--dag-driver-memory", help="add --driver-memory to the DAG job's spark-submit (hourly and RSS runs); "
+                   "default: none, exactly as the DAG submits (Spark's default 1g heap)")
+    p.add_argument("--skip", action="append", default=[], choices=["textbook", "pyiceberg", "table_size", "hourly", "rss"],
+                   help="leave a contender out (its figures are then missing)")
+    for k, v in PRESETS["tiny"].items():
+        p.add_argument("--" + k.replace("_", "-"), type=type(v), help=f"override the preset's {k}")
+    args = p.parse_args(argv)
+    for k, v in PRESETS[args.scale].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.ERROR)
+    t_start = time.perf_counter()
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="cdc-bench-")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    say = lambda msg: print(f"[bench {time.perf_counter() - t_start:7.1f}s] {msg}", flush=True)  # noqa: E731
+    try:
+        return _run(args, workdir, say, t_start)
+    finally:
+        if not args.workdir and not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"work folder kept: {workdir}")
+
+
+def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
+    reuse_scale = args.scale_events == args.events and args.scale_small_rows == args.base_rows
+    sources = ["bench", "bench_l"] + ([] if reuse_scale else ["bench_s"])
+    env = C.prepare_home(workdir / "home", sources)
+    from cdc_apply.config import Settings
+
+    settings = Settings.from_env()
+    out: dict[str, Any] = {"scale": args.scale, "params": {k: getattr(args, k) for k in PRESETS["tiny"]} | {"seed": args.seed},
+                           "machine": machine_facts(settings), "setup_seconds": {}, "contenders": {}, "notes": []}
+    m = out["machine"]
+    say(f"machine: {m['cores']} cores, {m['memory_gb']} GB, Python {m['python']}, pyspark {m['pyspark']}, "
+        f"pyiceberg {m['pyiceberg']}, {m['iceberg_jar']}, {m['java']}")
+
+    # -- workload -------------------------------------------------------------------
+    t = time.perf_counter()
+    data = workdir / "data"
+    seed_path = wl.write_seed(data / "seed")
+    main_wl = wl.Workload(seed=args.seed, base_rows=args.base_rows, insert_slot=1)
+    main_files = main_wl.write(data / "main", args.events, args.events_per_file)
+    hourly_files = main_wl.write(data / "hourly", args.hourly_events, args.events_per_file)  # continues main's history
+    scale_files = main_files if reuse_scale else wl.Workload(seed=args.seed + 1, base_rows=args.scale_small_rows, insert_slot=2).write(
+        data / "scale", args.scale_events, args.events_per_file)
+    # RSS batches continue the same history after the hourly one (applied to the same table, in order)
+    reuse_rss = args.rss_events == args.hourly_events
+    rss1 = hourly_files if reuse_rss else main_wl.write(data / "rss1", args.rss_events, args.events_per_file)
+    rss5 = main_wl.write(data / "rss5", args.rss_events * 5, args.events_per_file)
+    pyice_paths = _pick_capped(main_files, args.pyiceberg_cap)
+    out["setup_seconds"]["generate_files"] = round(time.perf_counter() - t, 2)
+    out["workload"] = {"main": main_files.as_dict(), "hourly": hourly_files.as_dict(), "scale": scale_files.as_dict(),
+                       "rss_1x": rss1.as_dict(), "rss_5x": rss5.as_dict()}
+    say(f"workload: {main_files.events} events, {main_files.bytes / 1e6:.1f} MB in {len(main_files.paths)} files, ops {main_files.ops}, "
+        f"{main_files.pk_changes} PK changes ({out['setup_seconds']['generate_files']}s)")
+
+    # -- base tables ------------------------------------------------------------------
+    from cdc_apply.spark_session import get_spark
+
+    spark = get_spark(settings, app_name="cdc-bench")
+    C._job_group(spark, "bench")
+    setup = out["setup_seconds"]
+    setup["project_table"] = round(C.project_setup(spark, settings, "bench", seed_path, args.base_rows), 2)
+    say(f"project table: {args.base_rows} rows ({setup['project_table']}s)")
+    textbook_table = f"{settings.catalog_name}.textbook.{wl.TABLE}"
+    if "textbook" not in args.skip:
+        setup["textbook_table"] = round(C.textbook_setup(spark, textbook_table, seed_path, args.base_rows), 2)
+        say(f"textbook table: {args.base_rows} rows ({setup['textbook_table']}s)")
+    if "pyiceberg" not in args.skip:
+        setup["pyiceberg_table"] = round(C.pyiceberg_setup(spark, settings, args.base_rows), 2)
+        say(f"pyiceberg table: {args.base_rows} rows ({setup['pyiceberg_table']}s)")
+    if "table_size" not in args.skip:
+        if not reuse_scale:
+            setup["scale_small_table"] = round(C.project_setup(spark, settings, "bench_s", seed_path, args.scale_small_rows, via_seed=False), 2)
+        setup["scale_large_table"] = round(C.project_setup(spark, settings, "bench_l", seed_path, args.scale_large_rows, via_seed=False), 2)
+        say(f"table-size tables: {args.scale_small_rows} / {args.scale_large_rows} rows")
+
+    res = out["contenders"]
+    errors: dict[str, str] = out.setdefault("errors", {})
+
+    @contextlib.contextmanager
+    def section(name: str):
+        """A contender that fails is reported (``errors`` in the JSON, ERROR in
+        the table) and the run goes on with the others."""
+        try:
+            yield
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"[:3000]
+            say(f"{name} FAILED: {errors[name][:500]}")
+
+    main_events, main_bytes = C.file_stats(main_files.paths)
+
+    # -- (4) decode limit ---------------------------------------------------------------
+    lim = C.orjson_limit(main_files.paths, os.cpu_count() or 1)
+    res["orjson_limit"] = _rate(lim["events"], lim["bytes"], lim["seconds"]) | {"processes": lim["processes"]}
+    say(f"orjson limit: {res['orjson_limit']['events_per_s']:.0f} events/s")
+
+    # -- (1) the project ---------------------------------------------------------------
+    prof = workdir / "project_cprofile.txt" if args.profile else None
+    p = C.project_apply(spark, settings, "bench", main_files.paths, profile_to=prof)
+    res["project"] = _rate(main_events, main_bytes, p["seconds"]) | {"target_rows": args.base_rows, "counts": p["tables"][0]["counts"] if p["tables"] else {}}
+    try:
+        out["project_profile"] = C.spark_jobs_profile(spark, "project:bench", p["seconds"])
+    except Exception as exc:  # the profile is a bonus
+        out["project_profile"] = {"error": str(exc)}
+    if prof:
+        out["project_profile"]["cprofile"] = prof.read_text()
+    say(f"project: {res['project']['events_per_s']:.0f} events/s ({p['seconds']:.1f}s)")
+
+    # -- (2) textbook --------------------------------------------------------------------
+    if "textbook" not in args.skip:
+        with section("textbook"):
+            tb = C.textbook_apply(spark, textbook_table, main_files.paths)
+            res["textbook"] = _rate(main_events, main_bytes, tb["seconds"]) | {"target_rows": args.base_rows}
+            say(f"textbook: {res['textbook']['events_per_s']:.0f} events/s ({tb['seconds']:.1f}s)")
+
+    # -- (3) pyiceberg upsert --------------------------------------------------------------
+    if "pyiceberg" not in args.skip:
+        with section("pyiceberg"):
+            pe, pb = C.file_stats(pyice_paths)
+            pi = C.pyiceberg_apply(env, pyice_paths, args.pyiceberg_timeout, workdir)
+            res["pyiceberg"] = _rate(pe, pb, pi["seconds"]) | {
+                "capped_to_events": pe, "timed_out": pi["timed_out"], "target_rows": args.base_rows,
+                "upsert_rows": pi.get("rows"), "rows_updated": pi.get("rows_updated"), "rows_inserted": pi.get("rows_inserted"),
+                "deletes": pi.get("deletes"), "rows_after": pi.get("rows_after"),
+                "decode_compact_seconds": round(pi["decode_seconds"], 3),
+                "with_decode": _rate(pe, pb, pi["seconds"] + pi["decode_seconds"])}
+            if pe < main_events:
+                out["notes"].append(f"pyiceberg upsert measured on the first {pe} events ({len(pyice_paths)} files) of the batch (cap {args.pyiceberg_cap}); "
+                                    "its rate is compared with the project's rate on the whole batch")
+            if pi["timed_out"]:
+                out["notes"].append(f"pyiceberg upsert did not finish within {args.pyiceberg_timeout}s: its rate is an upper bound")
+            say(f"pyiceberg: {res['pyiceberg']['events_per_s']:.0f} events/s ({pi['seconds']:.1f}s{', TIMED OUT' if pi['timed_out'] else ''})")
+
+    # -- same batch into a small vs a large table -----------------------------------------
+    if "table_size" not in args.skip:
+        with section("table_size"):
+            se, sb = C.file_stats(scale_files.paths)
+            if reuse_scale:
+                small_s = p["seconds"]
+            else:
+                small_s = C.project_apply(spark, settings, "bench_s", scale_files.paths)["seconds"]
+            large_s = C.project_apply(spark, settings, "bench_l", scale_files.paths)["seconds"]
+            out["table_size"] = {"events": se, "small_rows": args.scale_small_rows, "large_rows": args.scale_large_rows,
+                                 "small_seconds": round(small_s, 3), "large_seconds": round(large_s, 3), "ratio": round(large_s / small_s, 3)}
+            say(f"table size: {small_s:.1f}s into {args.scale_small_rows} rows, {large_s:.1f}s into {args.scale_large_rows} rows")
+
+    # -- hourly batch through spark-submit vs bare spark-submit ---------------------------------
+    # -- peak RSS: the DAG's job on a 1x and a 5x batch, each its own process tree --------------
+    master = settings.spark_master
+    job = None
+    if "hourly" not in args.skip:
+        with section("hourly"):
+            bare = C.spark_submit_bare(workdir, master)
+            job = C.spark_submit_job("bench", hourly_files.paths, workdir, master, "hourly", sample_rss=reuse_rss and "rss" not in args.skip,
+                                     driver_memory=args.dag_driver_memory)
+            he, hb = C.file_stats(hourly_files.paths)
+            out["hourly"] = {"events": he, "bytes": hb, "job_seconds": round(job["seconds"], 3), "bare_seconds": round(bare["seconds"], 3),
+                             "ratio": round(job["seconds"] / bare["seconds"], 3), "target_rows": f"the bench table ({args.base_rows} base rows) after the main batch",
+                             "submit_settings_from": job["settings_from"], "master": master}
+            say(f"hourly: job {job['seconds']:.1f}s vs bare spark-submit {bare['seconds']:.1f}s")
+    if "rss" not in args.skip:
+        with section("rss"):
+            r1 = job if (reuse_rss and job is not None) else C.spark_submit_job("bench", rss1.paths, workdir, master, "rss_1x", driver_memory=args.dag_driver_memory)
+            r5 = C.spark_submit_job("bench", rss5.paths, workdir, master, "rss_5x", driver_memory=args.dag_driver_memory)
+            out["rss"] = {"events_1x": rss1.events, "events_5x": rss5.events, "peak_rss_1x_mb": round(r1["peak_rss_bytes"] / 2**20, 1),
+                          "peak_rss_5x_mb": round(r5["peak_rss_bytes"] / 2**20, 1), "ratio": round(r5["peak_rss_bytes"] / r1["peak_rss_bytes"], 3),
+                          "split_1x_mb": r1["at_peak_mb"], "split_5x_mb": r5["at_peak_mb"], "seconds_1x": round(r1["seconds"], 2), "seconds_5x": round(r5["seconds"], 2),
+                          "measured": "the DAG's spark-submit job, one process tree per batch (launcher + JVM driver + Python driver + "
+                                      "Python workers), summed RSS sampled every 0.1 s" + ("; the 1x batch is the hourly batch" if reuse_rss else ""),
+                          "driver_memory": args.dag_driver_memory or "spark default (as the DAG)"}
+            say(f"rss: {out['rss']['peak_rss_1x_mb']} MB (1x) vs {out['rss']['peak_rss_5x_mb']} MB (5x)")
+
+    spark.stop()
+
+    # -- figures -------------------------------------------------------------------------------
+    ratios: dict[str, float] = {}
+    pr = res["project"]["events_per_s"]
+    if "textbook" in res:
+        ratios["project_vs_textbook"] = round(pr / res["textbook"]["events_per_s"], 3)
+    if "pyiceberg" in res:
+        ratios["project_vs_pyiceberg"] = round(pr / res["pyiceberg"]["events_per_s"], 3)
+    ratios["project_vs_limit"] = round(pr / res["orjson_limit"]["events_per_s"], 4)
+    if "table_size" in out:
+        ratios["table_size_ratio"] = out["table_size"]["ratio"]
+    if "hourly" in out:
+        ratios["hourly_overhead_ratio"] = out["hourly"]["ratio"]
+    if "rss" in out:
+        ratios["rss_ratio"] = out["rss"]["ratio"]
+    out["ratios"] = ratios
+    spec = {
+        "project_vs_textbook": args.events >= 1_000_000 and args.base_rows >= 1_000_000,
+        "project_vs_pyiceberg": True,
+        "project_vs_limit": True,
+        "table_size_ratio": args.scale_events >= 100_000 and args.scale_small_rows >= 1_000_000 and args.scale_large_rows >= 10_000_000,
+        "hourly_overhead_ratio": args.hourly_events >= 1_000,
+        "rss_ratio": True,
+    }
+    out["targets"] = [
+        {"name": name, "value": ratios[name], "op": op, "threshold": thr, "status": _status(ratios[name], op, thr),
+         "at_spec_size": spec[name], "meaning": meaning}
+        for name, op, thr, meaning in TARGETS if name in ratios
+    ]
+    section_of = {"project_vs_textbook": "textbook", "project_vs_pyiceberg": "pyiceberg", "table_size_ratio": "table_size",
+                  "hourly_overhead_ratio": "hourly", "rss_ratio": "rss"}
+    for name, op, thr, meaning in TARGETS:
+        if name not in ratios and section_of.get(name) in errors:
+            out["targets"].append({"name": name, "value": None, "op": op, "threshold": thr, "status": "ERROR",
+                                   "at_spec_size": spec[name], "meaning": meaning, "error": errors[section_of[name]][:300]})
+    out["total_seconds"] = round(time.perf_counter() - t_start, 1)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2, default=str))
+    print(render(out))
+    print(f"figures written to {Path(args.out).resolve()}")
+    return 0
+
+
+def render(out: dict[str, Any]) -> str:
+    m, res, prm = out["machine"], out["contenders"], out["params"]
+    lines = [
+        "",
+        f"CDC apply benchmark — scale {out['scale']}, seed {prm['seed']}",
+        f"machine: {m['cores']} cores, {m['memory_gb']} GB RAM, {m['platform']}",
+        f"versions: Python {m['python']}, pyspark {m['pyspark']}, pyiceberg {m['pyiceberg']}, orjson {m['orjson']}, "
+        f"Iceberg {m['iceberg_jar']}, {m['java']}, master {m['spark_master']}",
+        f"batch: {prm['events']} Debezium PostgreSQL events (schema+payload) into a {prm['base_rows']}-row table",
+        "",
+        f"{'contender':34} {'events':>9} {'MB':>9} {'seconds':>9} {'events/s':>11} {'MB/s':>9}",
+    ]
+    names = {"project": "project run_batch (end to end)", "textbook": "textbook Spark read.json+MERGE",
+             "pyiceberg": "pyiceberg delete+upsert", "orjson_limit": f"orjson decode limit ({res['orjson_limit']['processes']} procs)"}
+    for k in ("project", "textbook", "pyiceberg", "orjson_limit"):
+        if k in res:
+            r = res[k]
+            flag = " (timed out: upper bound)" if r.get("timed_out") else ""
+            lines.append(f"{names[k]:34} {r['events']:>9} {r['mb']:>9.1f} {r['seconds']:>9.2f} {r['events_per_s']:>11.1f} {r['mb_per_s']:>9.2f}{flag}")
+            if k == "pyiceberg" and "with_decode" in r:
+                w = r["with_decode"]
+                lines.append(f"{'  + its Python decode/compact (1 proc)':34} {w['events']:>9} {w['mb']:>9.1f} {w['seconds']:>9.2f} {w['events_per_s']:>11.1f} {w['mb_per_s']:>9.2f}")
+    if "table_size" in out:
+        t = out["table_size"]
+        lines.append(f"table size: {t['events']} events -> {t['small_rows']} rows {t['small_seconds']:.2f}s, {t['large_rows']} rows {t['large_seconds']:.2f}s")
+    if "hourly" in out:
+        h = out["hourly"]
+        lines.append(f"hourly: {h['events']}-event batch via spark-submit {h['job_seconds']:.2f}s, bare spark-submit {h['bare_seconds']:.2f}s")
+    if "rss" in out:
+        r = out["rss"]
+        lines.append(f"peak RSS (process tree): {r['events_1x']} events {r['peak_rss_1x_mb']:.0f} MB, {r['events_5x']} events {r['peak_rss_5x_mb']:.0f} MB")
+    lines += ["", f"{'figure':24} {'value':>9} {'target':>9} {'status':>6}  {'spec size':9}  meaning"]
+    for t in out["targets"]:
+        if t["value"] is None:
+            lines.append(f"{t['name']:24} {'-':>9} {t['op'] + ' ' + str(t['threshold']):>9} {t['status']:>6}  {'yes' if t['at_spec_size'] else 'no':9}  {t['error']}")
+            continue
+        lines.append(f"{t['name']:24} {t['value']:>9.3f} {t['op'] + ' ' + str(t['threshold']):>9} {t['status']:>6}  {'yes' if t['at_spec_size'] else 'no':9}  {t['meaning']}")
+    for n in out["notes"]:
+        lines.append(f"note: {n}")
+    prof = out.get("project_profile") or {}
+    if prof.get("by_statement"):
+        lines += ["", f"where the project's {res['project']['seconds']:.1f}s went: {prof['jobs']} Spark jobs, {prof['seconds_with_jobs_running']:.1f}s with a job "
+                  f"running, {prof.get('driver_only_seconds', 0):.1f}s driver only (Python, planning, commits, GX); top statements by job time:"]
+        for what, v in list(prof["by_statement"].items())[:12]:
+            lines.append(f"  {v['seconds']:8.2f}s {v['jobs']:>3} job(s)  {what[:110]}")
+    lines.append(f"total run time {out['total_seconds']}s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

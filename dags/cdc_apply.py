@@ -1,0 +1,117 @@
+"""cdc_apply — apply archived change files to Iceberg, hourly.
+
+discover (files of the interval not yet applied) -> apply (Spark: decode once,
+order, compact, MERGE onto an audit branch per table) -> per table, mapped:
+validate (Spark: Great Expectations + CDC reconciliation on the branch) ->
+publish (fast-forward main, emit the table's Asset) -> finish (ledger) ->
+report.  A data failure fails its task without retry, and only its table;
+main is untouched until publish.  Orchestration only: the work lives in
+spark_jobs/cdc_apply and plugins/cdc_airflow.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pendulum
+from airflow.sdk import DAG, Param, task, task_group
+
+from cdc_airflow.assets import TABLES_ALIAS
+from cdc_airflow.spark import APPLICATION, CdcSparkSubmitOperator
+
+with DAG(
+    dag_id="cdc_apply",
+    schedule="@hourly",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 2, "retry_delay": pendulum.duration(minutes=1)},
+    params={
+        "source": Param(os.environ.get("CDC_DEFAULT_SOURCE", "pg_inventory"), type="string", description="source name from include/sources.yaml"),
+        "table_filter": Param("", type="string", description="regular expression on source table names (empty: all)"),
+        "max_files": Param(0, type="integer", minimum=0, description="apply at most this many files (0: all pending)"),
+        "dry_run": Param(False, type="boolean", description="decode and count only; write nothing"),
+        "override": Param(
+            "none",
+            enum=["none", "force", "skip"],
+            description="for a batch that fails its gate: force = publish despite the failed checks; skip = mark its files applied without applying them",
+        ),
+        "override_reason": Param("", type="string", description="why (required with an override; recorded in the ledger)"),
+    },
+    tags=["cdc"],
+    doc_md=__doc__,
+) as dag:
+
+    @task(multiple_outputs=True)
+    def discover(params=None, data_interval_end=None, dag_run=None):
+        from cdc_airflow.discovery import discover as _discover
+
+        manual = dag_run is not None and str(dag_run.run_type).endswith("manual")
+        return _discover(
+            params["source"],
+            None if manual else data_interval_end,
+            dag_run.run_id,
+            params["max_files"] or None,
+            table_filter=params["table_filter"],
+            dry_run=params["dry_run"],
+            override=params["override"],
+            override_reason=params["override_reason"],
+            operator=getattr(dag_run, "triggering_user_name", None),
+        )
+
+    found = discover()
+
+    apply = CdcSparkSubmitOperator(
+        task_id="apply",
+        conn_id="spark_default",
+        application=APPLICATION,
+        name="cdc_apply_{{ params.source }}",
+        application_args=found["write_args"],
+        result_file=found["result_file"],
+        pending_files=found["files"],
+    )
+
+    @task
+    def tables(result_file):
+        from cdc_airflow.discovery import written_tables
+
+        return written_tables(result_file)
+
+    @task_group(group_id="table")
+    def gate(table):
+        validate = CdcSparkSubmitOperator(
+            task_id="validate",
+            conn_id="spark_default",
+            application=APPLICATION,
+            name="cdc_validate_{{ params.source }}",
+            application_args=["apply", "--stage", "validate", "--result-file", found["result_file"], "--table", table],
+            result_file=found["result_file"],
+            table=table,
+        )
+
+        @task(outlets=[TABLES_ALIAS])
+        def publish(result_file, table, outlet_events=None):
+            from cdc_airflow.discovery import publish_table
+
+            return publish_table(result_file, table, outlet_events)
+
+        validate >> publish(found["result_file"], table)
+
+    @task(trigger_rule="all_done", retries=1)
+    def finish(result_file):
+        from cdc_airflow.discovery import finish as _finish
+
+        return _finish(result_file)
+
+    @task
+    def report(found, finished):
+        from cdc_airflow.discovery import report as _report
+
+        _report(found, finished)
+
+    written = tables(found["result_file"])
+    apply >> written
+    finished = finish(found["result_file"])
+    gate.expand(table=written) >> finished
+    apply >> finished
+    report(found, finished)

@@ -1,0 +1,217 @@
+"""`cdc` — operate the CDC apply without Airflow.
+
+  cdc apply  --source S [--dir D] [--since ISO] [--until ISO] [--table-filter RE] [--max-files N] [--dry-run]
+             [--override force|skip --override-reason TEXT]
+  cdc status [--source S] [--table NS.T]
+  cdc pending --source S [--until ISO]
+
+Exit codes: 0 success / nothing to do, 2 terminal failure (data or config:
+do not retry), 1 other failure (may be transient).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import sys
+from pathlib import Path
+
+from .config import Settings, get_source, load_sources
+from .errors import TerminalError
+
+EXIT_TERMINAL = 2
+
+
+def _ts(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+def _emit(result, result_file: str | None, next_status: str | None = None) -> int:
+    """Exit 0 while some table can go on to the next stage (``next_status``),
+    so one table's failure does not stop the others; the last stage reports it."""
+    from .results import save_result
+
+    print(result.to_json())
+    if result_file:
+        save_result(result_file, result)
+    if result.status == "failed" and not (next_status and result.pending(next_status)):
+        return EXIT_TERMINAL if result.terminal else 1
+    return 0
+
+
+def _emit_table(result, result_file: str, table: str) -> int:
+    """A per-table stage (the DAG maps them): its own file, its own exit code."""
+    from .results import save_table_result
+
+    tr = result.table(table)
+    print(json.dumps({"batch_id": result.batch_id, **tr.__dict__}, default=str, indent=2))
+    save_table_result(result_file, tr)
+    if tr.status == "failed":
+        return EXIT_TERMINAL if tr.terminal else 1
+    return 0
+
+
+def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
+    from .job import finish_batch, pending_files, publish_batch, run_batch, validate_batch
+    from .results import Override, load_result
+
+    if args.stage in ("validate", "publish", "finish"):
+        if not args.result_file:
+            print(f"error: --stage {args.stage} needs --result-file of the write stage", file=sys.stderr)
+            return EXIT_TERMINAL
+        result = load_result(args.result_file)
+        if args.stage == "validate":
+            validate_batch(settings, result, table=args.table)
+        elif args.stage == "publish":
+            publish_batch(settings, result, table=args.table)
+        if args.table:
+            return _emit_table(result, args.result_file, args.table)
+        if args.stage in ("publish", "finish"):
+            finish_batch(settings, result)
+        return _emit(result, args.result_file, "validated" if args.stage == "validate" else None)
+    if not args.source:
+        print("error: --source is required", file=sys.stderr)
+        return EXIT_TERMINAL
+    source = get_source(settings, args.source)
+    override = Override.parse(args.override, args.override_reason, args.override_operator)
+    if args.files_from:
+        from .archive import read_manifest
+
+        files = read_manifest(args.files_from)
+    elif args.dir:
+        from . import ledger
+        from .archive import list_files
+
+        applied = ledger.applied_files(settings, source.name)
+        files = [f for f in list_files(Path(args.dir), since=_ts(args.since), until=_ts(args.until)) if applied.get(f.path) != f.sha256]
+    else:
+        files = pending_files(settings, source, since=_ts(args.since), until=_ts(args.until))
+    stages = ("write", "validate", "publish") if args.stage == "all" else ("write",)
+    result = run_batch(
+        settings, source.name, files, dry_run=args.dry_run, table_filter=args.table_filter, max_files=args.max_files, stages=stages, override=override
+    )
+    return _emit(result, args.result_file, "written" if args.stage == "write" else None)
+
+
+def cmd_pending(args: argparse.Namespace, settings: Settings) -> int:
+    from .job import pending_files
+
+    source = get_source(settings, args.source)
+    for f in pending_files(settings, source, since=_ts(args.since), until=_ts(args.until)):
+        print(f"{f.hour:%Y-%m-%dT%H}  {f.size:>10}  {f.path}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    """Per table: last batch, last position, live rows, tombstones, snapshot."""
+    from . import ledger
+
+    catalog = ledger.load_catalog(settings)
+    sources = [get_source(settings, args.source)] if args.source else list(load_sources(settings).values())
+    out = []
+    for src in sources:
+        try:
+            idents = [f"{src.namespace}.{name}" for _, name in catalog.list_tables(src.namespace)]
+        except Exception:
+            idents = []
+        if args.table:
+            idents = [i for i in idents if i == args.table or i.endswith("." + args.table)]
+        for ident in sorted(idents):
+            led = ledger.read_table_ledger(settings, ident, catalog)
+            table = catalog.load_table(ident)
+            deleted = table.scan(selected_fields=("_cdc_deleted",)).to_arrow().column("_cdc_deleted").to_pylist()
+            out.append(
+                {
+                    "source": src.name,
+                    "table": ident,
+                    "rows": sum(1 for d in deleted if not d),
+                    "tombstones": sum(1 for d in deleted if d),
+                    "last_batch": led.last_batch if led else None,
+                    "last_position": led.last_position if led else None,
+                    "last_applied_at": led.last_applied_at if led else None,
+                    "batches": len(led.batches) if led else 0,
+                    "snapshot_id": led.snapshot_id if led else None,
+                }
+            )
+    print(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
+    from .maintenance import Retention, maintain_source
+    from .spark_session import get_spark
+
+    spark = get_spark(settings, app_name="cdc-maintenance")
+    retention = Retention.from_env(args.snapshot_retention_days, args.tombstone_retention_days)
+    sources = [get_source(settings, args.source)] if args.source else list(load_sources(settings).values())
+    out = [r for src in sources for r in maintain_source(spark, settings, src, retention)]
+    print(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cdc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("apply", help="apply pending archive files of a source")
+    a.add_argument("--source")
+    a.add_argument(
+        "--stage",
+        choices=["all", "write", "validate", "publish", "finish"],
+        default="all",
+        help="write: decode and MERGE onto audit branches; validate: the gate; publish: fast-forward main; "
+        "finish: record the ledger (publish without --table finishes too); default: all",
+    )
+    a.add_argument("--table", help="validate / publish only this table (catalog.namespace.table), as the DAG's mapped tasks do")
+    a.add_argument("--dir", help="apply the files of this directory instead of the source's archive folder")
+    a.add_argument("--since", help="only files of hours >= this (ISO, UTC)")
+    a.add_argument("--until", help="only files of hours < this (ISO, UTC)")
+    a.add_argument("--table-filter", help="regular expression on source table names")
+    a.add_argument("--max-files", type=int)
+    a.add_argument("--files-from", help="JSON list of files chosen by discovery (the DAG passes this)")
+    a.add_argument("--dry-run", action="store_true", help="decode and count, write nothing")
+    a.add_argument("--result-file", help="also write the JSON result here")
+    a.add_argument(
+        "--override",
+        choices=["none", "force", "skip"],
+        default="none",
+        help="operator override of a batch that fails its gate: force = publish despite failed checks; "
+        "skip = mark its files applied without applying them (both logged to the ledger)",
+    )
+    a.add_argument("--override-reason", help="why (required with --override); recorded in the ledger with the operator")
+    a.add_argument("--override-operator", help="who decided (default: $CDC_OPERATOR, else the user); the DAG passes the triggering user")
+    a.set_defaults(func=cmd_apply)
+    s = sub.add_parser("status", help="print tables' last batch, position and row counts")
+    s.add_argument("--source")
+    s.add_argument("--table")
+    s.set_defaults(func=cmd_status)
+    q = sub.add_parser("pending", help="list files not yet applied")
+    q.add_argument("--source", required=True)
+    q.add_argument("--since")
+    q.add_argument("--until")
+    q.set_defaults(func=cmd_pending)
+    m = sub.add_parser("maintain", help="compact, rewrite deletes, expire snapshots, remove orphans, purge tombstones")
+    m.add_argument("--source")
+    m.add_argument("--snapshot-retention-days", type=float)
+    m.add_argument("--tombstone-retention-days", type=float)
+    m.set_defaults(func=cmd_maintain)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        return args.func(args, settings)
+    except TerminalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_TERMINAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Order and compact one table's canonical events into one net change per key.
+
+Pure DataFrame -> DataFrame functions; the rules are documented in
+``docs/apply-semantics.md`` and mirrored by the reference model in
+``tests/reference_model.py``:
+
+1. exact duplicates (same key, same position) count once;
+2. events at or before the table's truncate watermark are superseded;
+3. events at or before the position already stored for the key are
+   superseded (older) or duplicates (equal) — no row ever regresses;
+4. the remaining events of a key are folded in (position, file, line) order:
+   c/u/r overlay their *present* columns on the row as it stands, d removes it.
+
+Every input row ends in exactly one bucket of ``Accounting``.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window
+
+META_POS = "_cdc_pos"
+
+# Labels given to each event.
+APPLY, DUPLICATE, SUPERSEDED = "apply", "duplicate", "superseded"
+
+
+def quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def typed_value(text: Column, spark_type: str) -> Column:
+    """Canonical text -> typed value (exact; see model.canonical_value)."""
+    if spark_type == "binary":
+        return F.unbase64(text)
+    return text.cast(spark_type)
+
+
+def key_text(k: str) -> Column:
+    """Deletes name their key in ``before``; every other op in ``after``."""
+    return F.when(F.col("op") == "d", F.coalesce(F.col("before")[k], F.col("after")[k])).otherwise(
+        F.coalesce(F.col("after")[k], F.col("before")[k])
+    )
+
+
+def prepare_events(events: DataFrame, key_types: dict[str, str]) -> DataFrame:
+    """Typed key columns plus the metadata the fold needs."""
+    keys = [typed_value(key_text(k), t).alias(k) for k, t in key_types.items()]
+    return events.select(
+        *keys,
+        F.col("position").alias(META_POS),
+        F.col("op").alias("_cdc_op"),
+        F.col("after").alias("_cdc_after"),
+        F.col("commit_ts").alias("_cdc_commit_ts"),
+        F.col("tx_id").alias("_cdc_tx_id"),
+        F.col("file").alias("_cdc_file"),
+        F.col("line").alias("_cdc_line"),
+    )
+
+
+def null_key_filter(key_cols: list[str]) -> Column:
+    return F.greatest(*[F.col(quote(k)).isNull() for k in key_cols]) if len(key_cols) > 1 else F.col(quote(key_cols[0])).isNull()
+
+
+def label_duplicates(events: DataFrame, key_cols: list[str]) -> DataFrame:
+    """Same key and same position: the first delivery (by file, line) applies."""
+    w = Window.partitionBy(*[quote(k) for k in key_cols], META_POS).orderBy("_cdc_file", "_cdc_line")
+    return events.withColumn("_cdc_label", F.when(F.row_number().over(w) > 1, F.lit(DUPLICATE)).otherwise(F.lit(APPLY)))
+
+
+def label_against_target(events: DataFrame, target_state: DataFrame, key_cols: list[str], truncated_at: str | None) -> DataFrame:
+    """Compare each event with the key's stored position and the truncate watermark.
+
+    ``target_state`` has the key columns, ``_cdc_position`` and ``_cdc_deleted``
+    (tombstones included: a deleted key remembers its position).
+    """
+    state = target_state.select(
+        *[quote(k) for k in key_cols],
+        F.col("_cdc_position").alias("_cdc_stored_pos"),
+        (~F.coalesce(F.col("_cdc_deleted"), F.lit(False))).alias("_cdc_stored_live"),
+    )
+    joined = events.join(state, on=key_cols, how="left")
+    label = F.col("_cdc_label")
+    if truncated_at is not None:
+        label = F.when((label == APPLY) & (F.col(META_POS) < F.lit(truncated_at)), F.lit(SUPERSEDED)).otherwise(label)
+    stored = F.col("_cdc_stored_pos")
+    label = (
+        F.when(label != APPLY, label)
+        .when(stored.isNull(), F.lit(APPLY))
+        .when(F.col(META_POS) < stored, F.lit(SUPERSEDED))
+        .when(F.col(META_POS) == stored, F.lit(DUPLICATE))
+        .otherwise(F.lit(APPLY))
+    )
+    return joined.withColumn("_cdc_label", label).withColumn("_cdc_stored_live", F.coalesce(F.col("_cdc_stored_live"), F.lit(False)))
+
+
+_FOLD = """
+aggregate(
+  array_sort(evs, (l, r) -> CASE
+      WHEN l.pos < r.pos THEN -1 WHEN l.pos > r.pos THEN 1
+      WHEN l.file < r.file THEN -1 WHEN l.file > r.file THEN 1
+      WHEN l.line < r.line THEN -1 WHEN l.line > r.line THEN 1 ELSE 0 END),
+  named_struct('base', 'table', 'deleted', false, 'vals', cast(map() AS map<string,string>),
+               'pos', cast(NULL AS string), 'op', cast(NULL AS string),
+               'commit_ts', cast(NULL AS timestamp), 'tx_id', cast(NULL AS string)),
+  (acc, e) -> CASE WHEN e.op = 'd'
+    THEN named_struct('base', 'empty', 'deleted', true, 'vals', cast(map() AS map<string,string>),
+                      'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id)
+    ELSE named_struct('base', acc.base, 'deleted', false, 'vals', map_concat(acc.vals, e.after),
+                      'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id)
+  END)
+"""
+
+
+def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
+    """Net effect per key of the events labelled ``apply``.
+
+    Output: key columns, ``_cdc_action`` ('upsert' | 'delete'), ``_cdc_base``
+    ('table': columns not present keep the stored value; 'empty': a delete in
+    the batch came first, so they are NULL), ``_cdc_vals`` (present columns as
+    canonical text), ``_cdc_pos``/``_cdc_op``/``_cdc_commit_ts``/``_cdc_tx_id``
+    of the last event, ``_cdc_events`` folded, ``_cdc_stored_live``.
+    """
+    ev = F.struct(
+        F.col(META_POS).alias("pos"),
+        F.col("_cdc_file").alias("file"),
+        F.col("_cdc_line").alias("line"),
+        F.col("_cdc_op").alias("op"),
+        F.coalesce(F.col("_cdc_after"), F.create_map().cast("map<string,string>")).alias("after"),
+        F.col("_cdc_commit_ts").alias("commit_ts"),
+        F.col("_cdc_tx_id").alias("tx_id"),
+    )
+    grouped = (
+        events.where(F.col("_cdc_label") == APPLY)
+        .groupBy(*[quote(k) for k in key_cols])
+        .agg(F.collect_list(ev).alias("evs"), F.max("_cdc_stored_live").alias("_cdc_stored_live"), F.count(F.lit(1)).alias("_cdc_events"))
+        .withColumn("_f", F.expr(_FOLD))
+    )
+    return grouped.select(
+        *[quote(k) for k in key_cols],
+        F.when(F.col("_f.deleted"), F.lit("delete")).otherwise(F.lit("upsert")).alias("_cdc_action"),
+        F.col("_f.base").alias("_cdc_base"),
+        F.col("_f.vals").alias("_cdc_vals"),
+        F.col("_f.pos").alias(META_POS),
+        F.col("_f.op").alias("_cdc_op"),
+        F.col("_f.commit_ts").alias("_cdc_commit_ts"),
+        F.col("_f.tx_id").alias("_cdc_tx_id"),
+        "_cdc_events",
+        "_cdc_stored_live",
+    )
+
+
+def merge_source(folded: DataFrame, key_cols: list[str], columns: dict[str, str]) -> DataFrame:
+    """Typed data columns for the MERGE; ``_cdc_present`` lists present columns."""
+    data = [
+        F.when(F.col("_cdc_action") == "upsert", typed_value(F.col("_cdc_vals")[c], t)).alias(c)
+        for c, t in columns.items()
+        if c not in key_cols
+    ]
+    return folded.select(
+        *[quote(k) for k in key_cols],
+        *data,
+        F.map_keys("_cdc_vals").alias("_cdc_present"),
+        "_cdc_action",
+        "_cdc_base",
+        META_POS,
+        "_cdc_op",
+        "_cdc_commit_ts",
+        "_cdc_tx_id",
+    )
+
+
+def accounting(labelled: DataFrame, folded: DataFrame) -> dict[str, int]:
+    """Counts per bucket: every event is in exactly one."""
+    by_label = {r["_cdc_label"]: r["n"] for r in labelled.groupBy("_cdc_label").agg(F.count(F.lit(1)).alias("n")).collect()}
+    agg = folded.agg(
+        F.sum(F.when((F.col("_cdc_action") == "upsert") & ~F.col("_cdc_stored_live"), 1).otherwise(0)).alias("inserted"),
+        F.sum(F.when((F.col("_cdc_action") == "upsert") & F.col("_cdc_stored_live"), 1).otherwise(0)).alias("updated"),
+        F.sum(F.when((F.col("_cdc_action") == "delete") & F.col("_cdc_stored_live"), 1).otherwise(0)).alias("deleted"),
+        F.sum(F.when((F.col("_cdc_action") == "delete") & ~F.col("_cdc_stored_live"), 1).otherwise(0)).alias("noop_deletes"),
+        F.sum(F.col("_cdc_events") - 1).alias("compacted"),
+        F.count(F.lit(1)).alias("keys"),
+    ).collect()[0]
+    counts = {k: int(agg[k] or 0) for k in ("inserted", "updated", "deleted", "noop_deletes", "compacted", "keys")}
+    counts["duplicates"] = int(by_label.get(DUPLICATE, 0))
+    # folded-away events were superseded by a later event of their key in this batch
+    counts["superseded"] = int(by_label.get(SUPERSEDED, 0)) + counts.pop("compacted")
+    applied_events = int(by_label.get(APPLY, 0))
+    final = counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop_deletes"]
+    if applied_events != final + (counts["superseded"] - int(by_label.get(SUPERSEDED, 0))):
+        raise AssertionError(f"accounting does not add up: {applied_events} events vs {counts}")
+    return counts

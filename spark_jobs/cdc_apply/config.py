@@ -1,0 +1,209 @@
+"""Typed settings, read from the environment with defaults under one
+project-local folder (``.cdc/``).  Nothing here holds a secret: credentials for
+object storage or a REST catalog come from the environment only.
+
+Every setting fails fast with a message that names the variable to fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+ICEBERG_SPARK_RUNTIME = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.11.0"
+SQLITE_JDBC = "org.xerial:sqlite-jdbc:3.50.3.0"
+JARS = (ICEBERG_SPARK_RUNTIME, SQLITE_JDBC)
+# Object storage (storage.extra_jar_coordinates adds them to spark.jars only
+# when S3 is configured; ./dev setup fetches them all):
+# S3FileIO with its AWS SDK v2 (unrelocated, so S3A uses the same SDK) ...
+ICEBERG_AWS_BUNDLE = "org.apache.iceberg:iceberg-aws-bundle:1.11.0"
+# ... Hadoop's S3A for s3a:// archives: the version of Spark 4.1's own Hadoop ...
+HADOOP_AWS = "org.apache.hadoop:hadoop-aws:3.4.2"
+# ... and the one SDK module S3A needs that the bundle lacks (the bundle's SDK version).
+S3_TRANSFER_MANAGER = "software.amazon.awssdk:s3-transfer-manager:2.44.4"
+S3_JARS = (ICEBERG_AWS_BUNDLE, HADOOP_AWS, S3_TRANSFER_MANAGER)
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def validate_identifier(name: str, what: str) -> str:
+    """Identifiers that reach SQL (namespaces, tables, branches) must be plain."""
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise ConfigError(
+            f"{what} {name!r} is not a valid identifier: use letters, digits and '_' "
+            "(starting with a letter or '_', at most 128 characters)"
+        )
+    return name
+
+
+def _env(name: str, default: str) -> str:
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where things live.  Defaults: everything under ``$CDC_HOME`` (``.cdc/``)."""
+
+    home: Path
+    archive_dir: str
+    """Root of the change archives; each source reads ``<archive_dir>/<source>/``."""
+    warehouse: str
+    """Iceberg warehouse location (a path, file:// or s3a:// URI)."""
+    catalog_name: str
+    """One name for the catalog on both sides (Spark and pyiceberg)."""
+    catalog_type: str
+    """'jdbc' (SQLite file, the embedded default) or 'rest'."""
+    catalog_uri: str
+    """JDBC URL (jdbc:sqlite:...) or REST endpoint (http://...)."""
+    jars_dir: Path
+    sources_file: Path
+    spark_master: str
+    audit_namespace: str = "cdc_audit"
+    extra_spark_conf: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        home = Path(_env("CDC_HOME", str(PROJECT_ROOT / ".cdc"))).resolve()
+        catalog_type = _env("CDC_CATALOG_TYPE", "jdbc").lower()
+        if catalog_type not in ("jdbc", "rest"):
+            raise ConfigError(f"CDC_CATALOG_TYPE={catalog_type!r}: use 'jdbc' or 'rest'")
+        default_uri = f"jdbc:sqlite:{home / 'catalog.db'}" if catalog_type == "jdbc" else ""
+        catalog_uri = _env("CDC_CATALOG_URI", default_uri)
+        if not catalog_uri:
+            raise ConfigError("CDC_CATALOG_URI must be set for CDC_CATALOG_TYPE=rest (e.g. http://127.0.0.1:8181)")
+        if catalog_type == "jdbc" and not catalog_uri.startswith("jdbc:sqlite:"):
+            if not catalog_uri.startswith("jdbc:postgresql:"):
+                raise ConfigError(f"CDC_CATALOG_URI={catalog_uri!r}: a jdbc catalog needs jdbc:sqlite:<path> or jdbc:postgresql://...")
+        extra = {}
+        for key, value in os.environ.items():
+            if key.startswith("CDC_SPARK_CONF_"):
+                # CDC_SPARK_CONF_spark__sql__shuffle__partitions=4 -> spark.sql.shuffle.partitions
+                extra[key[len("CDC_SPARK_CONF_"):].replace("__", ".")] = value
+        settings = cls(
+            home=home,
+            archive_dir=_env("CDC_ARCHIVE_DIR", str(home / "archive")),
+            warehouse=_env("CDC_WAREHOUSE", (home / "warehouse").as_uri()),
+            catalog_name=validate_identifier(_env("CDC_CATALOG_NAME", "lake"), "CDC_CATALOG_NAME"),
+            catalog_type=catalog_type,
+            catalog_uri=catalog_uri,
+            jars_dir=Path(_env("CDC_JARS_DIR", str(home / "jars"))),
+            sources_file=Path(_env("CDC_SOURCES_FILE", str(PROJECT_ROOT / "include" / "sources.yaml"))),
+            spark_master=_env("CDC_SPARK_MASTER", "local[*]"),
+            audit_namespace=validate_identifier(_env("CDC_AUDIT_NAMESPACE", "cdc_audit"), "CDC_AUDIT_NAMESPACE"),
+            extra_spark_conf=extra,
+        )
+        return settings
+
+    # -- derived ---------------------------------------------------------------
+    @property
+    def sqlite_path(self) -> Path | None:
+        if self.catalog_type == "jdbc" and self.catalog_uri.startswith("jdbc:sqlite:"):
+            return Path(self.catalog_uri[len("jdbc:sqlite:"):])
+        return None
+
+    def jar_paths(self) -> list[Path]:
+        from .storage import extra_jar_coordinates
+
+        paths = []
+        for coord in JARS + extra_jar_coordinates(self):
+            _, artifact, version = coord.split(":")
+            path = self.jars_dir / f"{artifact}-{version}.jar"
+            if not path.exists():
+                raise ConfigError(
+                    f"missing jar {path}: run `./dev setup` (it fetches {coord} with Maven) "
+                    "or set CDC_JARS_DIR to a folder holding it"
+                )
+            paths.append(path)
+        return paths
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        """Properties for pyiceberg.catalog.load_catalog, matching Spark's catalog."""
+        if self.catalog_type == "jdbc":
+            if self.sqlite_path is None:
+                raise ConfigError("pyiceberg reads a jdbc catalog only over SQLite here")
+            props = {"type": "sql", "uri": f"sqlite:///{self.sqlite_path}", "warehouse": self.warehouse}
+        else:
+            props = {"type": "rest", "uri": self.catalog_uri, "warehouse": self.warehouse}
+        from .storage import s3_path_style, s3_region, uses_object_store
+
+        for key, env in (
+            ("s3.endpoint", "CDC_S3_ENDPOINT"),
+            ("s3.access-key-id", "AWS_ACCESS_KEY_ID"),
+            ("s3.secret-access-key", "AWS_SECRET_ACCESS_KEY"),
+        ):
+            if os.environ.get(env):
+                props[key] = os.environ[env]
+        if s3_region():
+            props["s3.region"] = s3_region()
+        if uses_object_store(self):
+            props["s3.path-style-access"] = "true" if s3_path_style() else "false"
+        return props
+
+
+# ------------------------------------------------------------------------------
+# Sources: which archive folder holds which format, and table keys.
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    name: str
+    format: str
+    namespace: str
+    """Iceberg namespace the source's tables are written to."""
+    primary_keys: dict[str, list[str]] = field(default_factory=dict)
+    quarantine_max_share: float = 0.05
+    """Fail the batch when more than this share of its messages is quarantined."""
+
+    def archive_path(self, settings: Settings) -> str:
+        return f"{settings.archive_dir.rstrip('/')}/{self.name}"
+
+
+def load_sources(settings: Settings) -> dict[str, SourceConfig]:
+    from .model import Format
+
+    path = settings.sources_file
+    if not path.exists():
+        raise ConfigError(f"sources file {path} does not exist: create it or point CDC_SOURCES_FILE at one")
+    raw: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    sources = {}
+    for name, spec in (raw.get("sources") or {}).items():
+        validate_identifier(name, f"source name in {path}")
+        if not isinstance(spec, dict) or "format" not in spec:
+            raise ConfigError(f"{path}: source {name!r} needs a 'format' (one of {[f.value for f in Format]})")
+        try:
+            fmt = Format(spec["format"]).value
+        except ValueError:
+            raise ConfigError(f"{path}: source {name!r} has unknown format {spec['format']!r}; use one of {[f.value for f in Format]}") from None
+        keys = {}
+        for table, tspec in (spec.get("tables") or {}).items():
+            pk = (tspec or {}).get("primary_key")
+            if not pk or not isinstance(pk, list):
+                raise ConfigError(f"{path}: table {table!r} of source {name!r} needs primary_key: [col, ...]")
+            keys[str(table)] = [str(c) for c in pk]
+        share = float(spec.get("quarantine_max_share", 0.05))
+        if not 0.0 <= share <= 1.0:
+            raise ConfigError(f"{path}: quarantine_max_share of source {name!r} must be between 0 and 1")
+        sources[name] = SourceConfig(
+            name=name,
+            format=fmt,
+            namespace=validate_identifier(spec.get("namespace", name), f"namespace of source {name!r}"),
+            primary_keys=keys,
+            quarantine_max_share=share,
+        )
+    return sources
+
+
+def get_source(settings: Settings, name: str) -> SourceConfig:
+    sources = load_sources(settings)
+    if name not in sources:
+        raise ConfigError(f"unknown source {name!r}; {settings.sources_file} defines {sorted(sources)}")
+    return sources[name]

@@ -1,0 +1,107 @@
+"""The decoder contract every format implements.
+
+Most messages decode on their own, in parallel on Spark executors
+(``Decoder.decode``).  A few formats need to see some messages *before* the
+rest: Qlik metadata messages define the columns of later data messages, and a
+split SQL Server CES CloudEvent must be reassembled from all of its segments.
+Those messages are flagged by ``needs_driver``; the job collects them (they are
+few and small) and hands them to ``absorb`` on the driver, which updates the
+decoder's state and returns their outcomes.  The updated state is then shipped
+to the executors, which decode the remaining messages with ``decode``.
+
+``decode_all`` runs exactly that sequence in plain Python; tests and the Spark
+job therefore share one semantics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable, Iterator
+
+import orjson
+
+from ..model import DecodeError, Format, Outcome, Quarantined, RawMessage
+
+
+@dataclass
+class DecodeContext:
+    """What a decoder may know besides the message itself."""
+
+    source: str = "default"
+    primary_keys: dict[str, list[str]] = field(default_factory=dict)
+    """Configured primary keys by table name: 'table', 'schema.table' or
+    'db.schema.table' (the most specific match wins). Used when the message
+    itself does not say which columns form the key."""
+    state: dict[str, Any] = field(default_factory=dict)
+    """Decoder state carried across batches (JSON-serialisable), e.g. Qlik
+    table metadata by table version."""
+
+    def configured_key(self, database: str | None, schema: str | None, table: str) -> list[str] | None:
+        for name in (f"{database}.{schema}.{table}", f"{schema}.{table}", table):
+            if name in self.primary_keys:
+                return list(self.primary_keys[name])
+        return None
+
+
+class Decoder:
+    """Base class: subclasses set ``format`` and implement ``decode_message``."""
+
+    format: ClassVar[Format]
+
+    def __init__(self, ctx: DecodeContext | None = None) -> None:
+        self.ctx = ctx or DecodeContext()
+
+    @classmethod
+    def sniff(cls, text: str) -> bool:
+        """True when a raw message looks like this format (auto-detection only)."""
+        return False
+
+    # -- executor side -------------------------------------------------------
+    def decode(self, msg: RawMessage) -> list[Outcome]:
+        """Decode one message; any DecodeError / parse error becomes a quarantine."""
+        try:
+            return self.decode_message(msg)
+        except (DecodeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            return [quarantine(msg, exc)]
+
+    def decode_message(self, msg: RawMessage) -> list[Outcome]:
+        raise NotImplementedError
+
+    # -- driver side (optional) ----------------------------------------------
+    def needs_driver(self, msg: RawMessage) -> bool:
+        """True for messages that must be absorbed on the driver before the rest."""
+        return False
+
+    def absorb(self, messages: list[RawMessage]) -> list[Outcome]:
+        """Consume the driver-side messages (in file, line order)."""
+        return []
+
+    def export_state(self) -> dict[str, Any]:
+        """State to persist for the next batch (merged into ``ctx.state``)."""
+        return dict(self.ctx.state)
+
+
+def quarantine(msg: RawMessage, exc: BaseException | str) -> Quarantined:
+    reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    return Quarantined(reason=reason, raw=msg.text, file=msg.file, line=msg.line)
+
+
+def parse_json(msg: RawMessage) -> Any:
+    try:
+        return orjson.loads(msg.text)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"malformed JSON: {exc}") from exc
+
+
+def decode_all(decoder: Decoder, messages: Iterable[RawMessage]) -> Iterator[Outcome]:
+    """Reference driver: absorb driver-side messages first, then decode the rest.
+
+    Blank lines are not messages and yield nothing.
+    """
+    msgs = [m for m in messages if m.text.strip()]
+    driver_side = [m for m in msgs if decoder.needs_driver(m)]
+    yield from decoder.absorb(driver_side)
+    flagged = {(m.file, m.line) for m in driver_side}
+    for m in msgs:
+        if (m.file, m.line) not in flagged:
+            yield from decoder.decode(m)

@@ -1,0 +1,704 @@
+"""Logic shared by the Debezium decoders (PostgreSQL, SQL Server).
+
+An archived line is one Kafka record produced by Kafka Connect's JsonConverter,
+in one of three shapes:
+
+* ``{"schema": {...}, "payload": {...}}``  (``schemas.enable=true``);
+* ``{...payload...}``                      (``schemas.enable=false``);
+* a Kafka-record wrapper ``{"key": K, "value": V}`` (optionally with topic,
+  partition, offset, timestamp, headers) where K and V are either of the two
+  shapes above, as JSON or as a string holding JSON.  ``V = null`` is a Kafka
+  tombstone (log-compaction marker after a delete), never a row change.
+
+The key record, when present, is the authority on the primary key: its fields
+are the key columns.  Without it the configured key is used, else ``[]`` (the
+apply layer refuses keyless tables; we never guess).
+
+Typing (``schemas.enable=true``): every field schema is mapped to a Spark SQL
+type by its semantic (logical) name first, then by its literal Connect type;
+see ``field_spec``.  Decimals are decoded from base64 two's-complement bytes to
+an exact ``decimal.Decimal`` — never through float.  JSON numbers with a
+fraction (``decimal.format=NUMERIC``, or schemaless payloads) are re-parsed with
+``decimal.Decimal`` so they stay exact as well.
+
+Without a schema the decoder cannot know column types: values are mapped to
+canonical text by their JSON type (int -> bigint text, fraction -> exact
+number text, str -> as is, bool -> 'true'/'false', object/array -> compact
+JSON) and ``ChangeEvent.columns`` is ``None`` (inferred columns would lie:
+a JSON null has no type and a base64 decimal looks like a string).  A note
+says so.
+
+``VariableScaleDecimal`` (PostgreSQL ``numeric`` without precision) carries a
+scale per value, so no single ``decimal(p,s)`` fits every row: it is typed
+``string`` holding the exact plain decimal text (no exponent) plus a note; the
+SQL layer may cast it when the table declares a decimal.
+
+The unavailable-value placeholder (``__debezium_unavailable_value``; for
+``bytes`` fields its base64 form) marks a column whose value the connector
+does not have (unchanged TOAST value in PostgreSQL, unchanged
+``varchar(max)``/``varbinary(max)`` in SQL Server): the column is left out of
+the row dict, i.e. *not present*, and the stored value is kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import orjson
+
+from ..model import (
+    ChangeEvent,
+    Column,
+    DecodeError,
+    Op,
+    Outcome,
+    RawMessage,
+    Skipped,
+    canonical_value,
+    decimal_type,
+)
+from .base import Decoder
+
+PLACEHOLDER = "__debezium_unavailable_value"
+PLACEHOLDER_B64 = base64.b64encode(PLACEHOLDER.encode()).decode("ascii")  # 'X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=='
+
+_WRAPPER_KEYS = frozenset(
+    {"key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "timestamp_type", "headers"}
+)
+_EPOCH = dt.datetime(1970, 1, 1)
+_BAD_IDENT = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+class _NotPresent:
+    """Sentinel: the value is the unavailable-value placeholder."""
+
+    def __repr__(self) -> str:  # pragma: no cover - debug aid
+        return "NOT_PRESENT"
+
+
+NOT_PRESENT = _NotPresent()
+
+
+# --------------------------------------------------------------------------
+# JSON
+
+
+def _has_float(obj: Any) -> bool:
+    if isinstance(obj, float):
+        return True
+    if isinstance(obj, dict):
+        return any(_has_float(v) for v in obj.values())
+    if isinstance(obj, list):
+        return any(_has_float(v) for v in obj)
+    return False
+
+
+def load_json(text: str | bytes, what: str = "message") -> Any:
+    """orjson first (fast); if the document holds any number with a fraction or
+    exponent, parse it again with ``decimal.Decimal`` numbers so decimals and
+    schemaless numbers stay exact (orjson only yields binary floats)."""
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"malformed JSON in {what}: {exc}") from exc
+    if _has_float(obj):
+        obj = json.loads(text, parse_float=decimal.Decimal)
+    return obj
+
+
+# --------------------------------------------------------------------------
+# Identifiers and small scalars
+
+
+def check_identifier(name: Any, what: str) -> str:
+    """Names come from the message: refuse non-strings, empty names, control
+    characters and absurd lengths before they get anywhere near SQL."""
+    if not isinstance(name, str):
+        raise DecodeError(f"{what} name must be a string, got {name!r}")
+    if not name.strip():
+        raise DecodeError(f"{what} name is empty")
+    if len(name) > 256:
+        raise DecodeError(f"{what} name longer than 256 characters: {name[:40]!r}...")
+    if _BAD_IDENT.search(name):
+        raise DecodeError(f"{what} name contains a control character: {name!r}")
+    return name
+
+
+def as_int(value: Any, what: str) -> int:
+    """A JSON integer or a string of decimal digits (Debezium writes some int64
+    source fields as strings); anything else is an error."""
+    if isinstance(value, bool):
+        raise DecodeError(f"{what} must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, decimal.Decimal) and value == value.to_integral_value():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        return int(value.strip())
+    raise DecodeError(f"{what} must be an integer, got {value!r}")
+
+
+def commit_ts_us(source: dict[str, Any]) -> int | None:
+    """Commit time in micros from the most precise of source.ts_ns/ts_us/ts_ms."""
+    if source.get("ts_ns") is not None:
+        return as_int(source["ts_ns"], "source.ts_ns") // 1000
+    if source.get("ts_us") is not None:
+        return as_int(source["ts_us"], "source.ts_us")
+    if source.get("ts_ms") is not None:
+        return as_int(source["ts_ms"], "source.ts_ms") * 1000
+    return None
+
+
+def _truthy(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() == "true"
+    return bool(v)
+
+
+# --------------------------------------------------------------------------
+# Field schemas -> Spark types and value converters
+
+_LITERAL_TYPES = {
+    "int8": "tinyint",
+    "int16": "smallint",
+    "int32": "int",
+    "int64": "bigint",
+    "float32": "float",
+    "float64": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "binary",
+}
+_DECIMAL_NAMES = {"org.apache.kafka.connect.data.Decimal", "io.debezium.data.Decimal"}
+_TIME_UNITS = {  # logical name -> units per second
+    "io.debezium.time.Time": 1_000,
+    "org.apache.kafka.connect.data.Time": 1_000,
+    "io.debezium.time.MicroTime": 1_000_000,
+    "io.debezium.time.NanoTime": 1_000_000_000,
+}
+_TIMESTAMP_UNITS = {
+    "io.debezium.time.Timestamp": 1_000,
+    "org.apache.kafka.connect.data.Timestamp": 1_000,
+    "io.debezium.time.MicroTimestamp": 1_000_000,
+    "io.debezium.time.NanoTimestamp": 1_000_000_000,
+}
+_DATE_NAMES = {"io.debezium.time.Date", "org.apache.kafka.connect.data.Date"}
+# Semantic types that are text in JSON and stay text: no note needed.
+_TEXT_NAMES = {
+    "io.debezium.data.Json",
+    "io.debezium.data.Uuid",
+    "io.debezium.data.Xml",
+    "io.debezium.data.Enum",
+    "io.debezium.data.EnumSet",
+    "io.debezium.time.ZonedTime",
+}
+# Semantic types whose literal mapping is already right.
+_LITERAL_OK_NAMES = {"io.debezium.time.Year"}
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One column of a row struct: its Spark type and how to read its JSON value."""
+
+    name: str
+    spark_type: str
+    nullable: bool
+    kind: str  # 'plain', 'decimal', 'vsdecimal', 'date', 'time', 'timestamp', 'zoned', 'json'
+    literal: str
+    scale: int = 0
+    units: int = 1
+    note: str | None = None
+
+    def column(self) -> Column:
+        return Column(self.name, self.spark_type, self.nullable)
+
+
+def field_spec(entry: dict[str, Any]) -> FieldSpec:
+    """Map one Connect field schema to a ``FieldSpec``.
+
+    Accepts the JsonConverter form ``{"type", "optional", "field", "name",
+    "parameters"}`` and the nested form some docs show
+    (``{"name": col, "schema": {"type": ...}}``); type names are case-insensitive
+    and ``optional`` may be a string.
+    """
+    if not isinstance(entry, dict):
+        raise DecodeError(f"field schema is not an object: {entry!r}")
+    if "field" in entry:
+        col, sch = entry["field"], entry
+    elif isinstance(entry.get("schema"), dict):
+        col, sch = entry.get("name"), entry["schema"]
+    else:
+        raise DecodeError(f"field schema without a field name: {entry!r}")
+    col = check_identifier(col, "column")
+    literal = str(sch.get("type", "")).lower()
+    logical = sch.get("name")
+    nullable = _truthy(sch.get("optional", True))
+    params = sch.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise DecodeError(f"column {col}: schema parameters is not an object")
+
+    if logical in _DECIMAL_NAMES:
+        if "scale" not in params:
+            raise DecodeError(f"column {col}: decimal schema without a scale parameter")
+        scale = as_int(params["scale"], f"column {col} decimal scale")
+        precision = params.get("connect.decimal.precision")
+        if scale < 0:
+            # PostgreSQL 15 allows numeric(p,-s): values are integers with up to p-s digits.
+            p = as_int(precision, "precision") - scale if precision is not None else 38
+            return FieldSpec(col, decimal_type(min(p, 38), 0), nullable, "decimal", literal, scale=scale)
+        p = as_int(precision, f"column {col} decimal precision") if precision is not None else 38
+        return FieldSpec(col, decimal_type(p, scale), nullable, "decimal", literal, scale=scale)
+    if logical == "io.debezium.data.VariableScaleDecimal":
+        return FieldSpec(
+            col, "string", nullable, "vsdecimal", literal,
+            note=f"{col}: VariableScaleDecimal carried as exact decimal text (type string)",
+        )
+    if logical in _DATE_NAMES:
+        return FieldSpec(col, "date", nullable, "date", literal)
+    if logical in _TIME_UNITS:
+        return FieldSpec(col, "string", nullable, "time", literal, units=_TIME_UNITS[logical])
+    if logical in _TIMESTAMP_UNITS:
+        return FieldSpec(col, "timestamp_ntz", nullable, "timestamp", literal, units=_TIMESTAMP_UNITS[logical])
+    if logical == "io.debezium.time.ZonedTimestamp":
+        return FieldSpec(col, "timestamp", nullable, "zoned", literal)
+    if logical in _TEXT_NAMES:
+        return FieldSpec(col, "string", nullable, "json" if literal in ("struct", "array", "map") else "plain", literal)
+    if literal in _LITERAL_TYPES and (logical is None or logical in _LITERAL_OK_NAMES):
+        return FieldSpec(col, _LITERAL_TYPES[literal], nullable, "plain", literal)
+    what = f"{literal or '?'}" + (f" ({logical})" if logical else "")
+    return FieldSpec(
+        col, "string", nullable, "json" if literal in ("struct", "array", "map") else "plain", literal,
+        note=f"{col}: unsupported type {what} carried as text",
+    )
+
+
+def struct_fields(schema: Any, what: str) -> list[FieldSpec]:
+    if not isinstance(schema, dict) or not isinstance(schema.get("fields"), list):
+        raise DecodeError(f"{what} schema is not a struct with fields")
+    specs = [field_spec(f) for f in schema["fields"]]
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise DecodeError(f"{what} schema has duplicate field names: {names}")
+    return specs
+
+
+def envelope_field(schema: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
+    """The sub-schema of envelope field ``name`` (e.g. 'after'), if any."""
+    if not isinstance(schema, dict):
+        return None
+    for f in schema.get("fields") or []:
+        if isinstance(f, dict) and f.get("field") == name:
+            return f
+    return None
+
+
+def _is_placeholder(spec: FieldSpec | None, raw: Any) -> bool:
+    if raw == PLACEHOLDER:
+        return True
+    if raw == PLACEHOLDER_B64 and (spec is None or spec.literal == "bytes"):
+        return True
+    # PostgreSQL arrays of toastable types: ["__debezium_unavailable_value"]
+    return isinstance(raw, list) and len(raw) == 1 and raw[0] == PLACEHOLDER
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, decimal.Decimal):  # from the exact re-parse: keep the number text
+        return orjson.Fragment(str(obj))
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def json_text(value: Any) -> str:
+    """Compact, key-sorted JSON (as ``canonical_value('string', ...)``), Decimal-aware."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=_json_default).decode()
+
+
+def canonical(spark_type: str, value: Any) -> str | None:
+    """``canonical_value`` under a wide decimal context: the default 28-digit
+    context would round 29..38-digit decimals while checking their range."""
+    if isinstance(value, (dict, list)) and spark_type == "string":
+        return json_text(value)
+    with decimal.localcontext() as ctx:
+        ctx.prec = 100
+        return canonical_value(spark_type, value)
+
+
+def _decimal_from_bytes(raw: Any, scale: int, col: str) -> decimal.Decimal:
+    if not isinstance(raw, str):
+        if isinstance(raw, (int, decimal.Decimal)):  # decimal.format=NUMERIC
+            return decimal.Decimal(raw)
+        raise DecodeError(f"column {col}: decimal must be base64 text, got {raw!r}")
+    try:
+        data = base64.b64decode(raw, validate=True)
+    except (ValueError, TypeError) as exc:
+        raise DecodeError(f"column {col}: invalid base64 decimal {raw!r}") from exc
+    if not data:
+        raise DecodeError(f"column {col}: empty decimal bytes")
+    unscaled = int.from_bytes(data, "big", signed=True)
+    return decimal.Decimal(unscaled).scaleb(-scale, context=decimal.Context(prec=1000))
+
+
+def _time_text(n: int, units: int, col: str) -> str:
+    if not 0 <= n <= 86_400 * units:  # PostgreSQL allows 24:00:00
+        raise DecodeError(f"column {col}: time of day {n} out of range")
+    secs, frac = divmod(n, units)
+    hh, rem = divmod(secs, 3600)
+    mm, ss = divmod(rem, 60)
+    digits = len(str(units)) - 1
+    frac_text = str(frac).zfill(digits).ljust(6, "0")
+    if frac_text[6:].strip("0") == "":
+        frac_text = frac_text[:6]
+    # else: keep all 9 digits — sub-microsecond precision is data, not noise
+    return f"{hh:02d}:{mm:02d}:{ss:02d}.{frac_text}"
+
+
+def convert_value(spec: FieldSpec | None, raw: Any, notes: list[str]) -> Any:
+    """Canonical text of one JSON value (``NOT_PRESENT`` for the placeholder)."""
+    if raw is None:
+        return None
+    if _is_placeholder(spec, raw):
+        return NOT_PRESENT
+    if spec is None:  # schemaless
+        if isinstance(raw, decimal.Decimal):
+            return format(raw, "f")
+        if isinstance(raw, bool):
+            return canonical("boolean", raw)
+        if isinstance(raw, int):
+            return str(raw)  # no declared width to check against
+        return canonical("string", raw)
+    col = spec.name
+    if spec.kind == "decimal":
+        d = _decimal_from_bytes(raw, spec.scale, col)
+        return canonical(spec.spark_type, d)
+    if spec.kind == "vsdecimal":
+        if not isinstance(raw, dict) or "scale" not in raw or "value" not in raw:
+            raise DecodeError(f"column {col}: VariableScaleDecimal must be {{scale, value}}, got {raw!r}")
+        d = _decimal_from_bytes(raw["value"], as_int(raw["scale"], f"column {col} scale"), col)
+        return format(d, "f")
+    if spec.kind == "date":
+        days = as_int(raw, f"column {col} (date)")
+        try:
+            return (_EPOCH + dt.timedelta(days=days)).date().isoformat()
+        except OverflowError as exc:
+            raise DecodeError(f"column {col}: date {days} days out of range") from exc
+    if spec.kind == "time":
+        return _time_text(as_int(raw, f"column {col} (time)"), spec.units, col)
+    if spec.kind == "timestamp":
+        n = as_int(raw, f"column {col} (timestamp)")
+        micros, sub = divmod(n * 1_000_000, spec.units)
+        if sub:
+            notes.append(f"{col}: sub-microsecond digits truncated")
+        try:
+            value = _EPOCH + dt.timedelta(microseconds=micros)
+        except OverflowError as exc:
+            raise DecodeError(f"column {col}: timestamp {n} out of range") from exc
+        return canonical("timestamp_ntz", value)
+    if spec.kind == "zoned":
+        if not isinstance(raw, str):
+            raise DecodeError(f"column {col}: ZonedTimestamp must be text, got {raw!r}")
+        return canonical("timestamp", raw)
+    if spec.kind == "json":
+        return canonical("string", raw)
+    if spec.spark_type == "string" and not isinstance(raw, str) and spec.literal == "string":
+        raise DecodeError(f"column {col}: string expected, got {raw!r}")
+    if spec.spark_type in ("float", "double") and isinstance(raw, str) and raw not in ("NaN", "Infinity", "-Infinity"):
+        raise DecodeError(f"column {col}: number expected, got {raw!r}")
+    return canonical(spec.spark_type, raw)
+
+
+def convert_row(
+    row: Any, specs: dict[str, FieldSpec] | None, notes: list[str], what: str
+) -> dict[str, str | None] | None:
+    """Canonical row dict; placeholder columns are left out (not present)."""
+    if row is None:
+        return None
+    if not isinstance(row, dict):
+        raise DecodeError(f"{what} is not an object")
+    out: dict[str, str | None] = {}
+    for col, raw in row.items():
+        check_identifier(col, "column")
+        spec = None
+        if specs is not None:
+            spec = specs.get(col)
+            if spec is None:
+                raise DecodeError(f"{what}.{col} is not declared in the schema")
+        try:
+            value = convert_value(spec, raw, notes)
+        except DecodeError as exc:
+            msg = str(exc)
+            raise DecodeError(msg if msg.startswith("column ") else f"column {col}: {msg}") from exc
+        if value is not NOT_PRESENT:
+            out[col] = value
+    return out
+
+
+# --------------------------------------------------------------------------
+# Records
+
+
+@dataclass
+class Record:
+    """One Kafka record, unwrapped: the value's payload and schema, the key."""
+
+    payload: Any  # None = tombstone
+    schema: dict[str, Any] | None
+    key_payload: Any = None
+    key_schema: dict[str, Any] | None = None
+    has_key: bool = False
+    topic: str | None = None
+    tombstone: bool = False
+
+
+def _split_envelope(obj: Any) -> tuple[Any, dict[str, Any] | None]:
+    """(payload, schema) of a JsonConverter document with or without schema."""
+    if isinstance(obj, dict) and "payload" in obj and set(obj) <= {"schema", "payload"}:
+        schema = obj.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise DecodeError("envelope 'schema' is neither an object nor null")
+        return obj["payload"], schema
+    return obj, None
+
+
+def _maybe_json_text(v: Any, what: str) -> Any:
+    if isinstance(v, (str, bytes)):
+        return load_json(v, what)
+    return v
+
+
+def parse_record(text: str) -> Record:
+    obj = load_json(text)
+    if not isinstance(obj, dict):
+        raise DecodeError(f"message is not a JSON object but {type(obj).__name__}")
+    if "value" in obj and "payload" not in obj and set(obj) <= _WRAPPER_KEYS:
+        topic = obj.get("topic")
+        value = _maybe_json_text(obj["value"], "Kafka value")
+        rec = Record(payload=None, schema=None, topic=topic if isinstance(topic, str) else None)
+        if "key" in obj and obj["key"] is not None:
+            key = _maybe_json_text(obj["key"], "Kafka key")
+            rec.key_payload, rec.key_schema = _split_envelope(key)
+            rec.has_key = rec.key_payload is not None
+        if value is None:
+            rec.tombstone = True
+            return rec
+        rec.payload, rec.schema = _split_envelope(value)
+        return rec
+    payload, schema = _split_envelope(obj)
+    return Record(payload=payload, schema=schema)
+
+
+def classify(rec: Record) -> str:
+    """'change', 'tombstone', 'transaction-marker', 'schema-change', 'heartbeat'
+    or 'key-record' (a key archived without its value)."""
+    if rec.tombstone:
+        return "tombstone"
+    p = rec.payload
+    if not isinstance(p, dict):
+        raise DecodeError(f"payload is not an object: {p!r:.80}")
+    schema_name = (rec.schema or {}).get("name") or ""
+    if "op" in p:
+        return "change"
+    if schema_name.endswith("TransactionMetadataValue") or (
+        p.get("status") in ("BEGIN", "END") and "id" in p
+    ):
+        return "transaction-marker"
+    if "SchemaChange" in schema_name or "tableChanges" in p or ("databaseName" in p and "ddl" in p):
+        return "schema-change"
+    if schema_name.endswith(".Heartbeat") or (rec.topic or "").startswith("__debezium-heartbeat") or set(p) == {"ts_ms"}:
+        return "heartbeat"
+    if schema_name.endswith(".Key"):
+        return "key-record"
+    raise DecodeError(f"not a Debezium change event: payload has no 'op' (fields: {sorted(p)[:10]})")
+
+
+# --------------------------------------------------------------------------
+# The shared decoder
+
+
+class DebeziumDecoder(Decoder):
+    """Common pipeline; subclasses give the connector name, the accepted ops,
+    the position layout and special ops (truncate, logical message)."""
+
+    connector: ClassVar[str]
+    ops: ClassVar[frozenset[str]] = frozenset({"c", "u", "d", "r"})
+
+    # -- hooks ---------------------------------------------------------------
+    def position(self, source: dict[str, Any], payload: dict[str, Any], notes: list[str]) -> str:
+        raise NotImplementedError
+
+    def tx_id(self, source: dict[str, Any], payload: dict[str, Any]) -> str | None:
+        tx = payload.get("transaction")
+        if isinstance(tx, dict) and tx.get("id") is not None:
+            return str(tx["id"])
+        return None
+
+    def special(self, op: str, rec: Record, source: dict[str, Any], msg: RawMessage) -> list[Outcome] | None:
+        """Outcomes for ops that are not row changes (None = a row change)."""
+        return None
+
+    # -- pipeline ------------------------------------------------------------
+    def decode_message(self, msg: RawMessage) -> list[Outcome]:
+        rec = parse_record(msg.text)
+        kind = classify(rec)
+        if kind == "tombstone":
+            return [Skipped("kafka-tombstone", msg.file, msg.line)]
+        if kind == "transaction-marker":
+            p = rec.payload
+            return [Skipped("transaction-marker", msg.file, msg.line, detail=f"{p.get('status')} {p.get('id')}")]
+        if kind == "schema-change":
+            detail = "schema-change key record" if "SchemaChangeKey" in ((rec.schema or {}).get("name") or "") else None
+            return [Skipped("schema-change", msg.file, msg.line, detail=detail)]
+        if kind == "heartbeat":
+            return [Skipped("heartbeat", msg.file, msg.line)]
+        if kind == "key-record":
+            raise DecodeError("a Debezium key record archived without its value: not a change event")
+
+        payload = rec.payload
+        op = payload["op"]
+        if op not in self.ops:
+            raise DecodeError(f"unknown op {op!r} for {self.connector}")
+        source = payload.get("source")
+        if not isinstance(source, dict):
+            raise DecodeError("payload.source is missing or not an object")
+        connector = source.get("connector")
+        if connector is not None and connector != self.connector:
+            raise DecodeError(f"source.connector is {connector!r}, expected {self.connector!r}")
+        special = self.special(op, rec, source, msg)
+        if special is not None:
+            return special
+
+        notes: list[str] = []
+        database, schema, table = self.table_name(source)
+        position = self.position(source, payload, notes)
+        specs_list = self.row_specs(rec.schema)
+        specs = {s.name: s for s in specs_list} if specs_list is not None else None
+        if specs_list is None:
+            notes.append("no schema: values typed from JSON, columns unknown")
+        else:
+            notes.extend(s.note for s in specs_list if s.note)
+
+        after = convert_row(payload.get("after"), specs, notes, "after")
+        before = convert_row(payload.get("before"), specs, notes, "before")
+        if op == "d":
+            if before is None and not rec.has_key:
+                raise DecodeError("delete without a before image or a key")
+            image = dict(before or {})
+        else:
+            if after is None:
+                raise DecodeError(f"op {op!r} without an after image")
+            image = after
+
+        key_columns, image = self.resolve_key(rec, specs, image, database, schema, table, notes)
+        if op == "d":
+            before, after = image, {}
+        else:
+            after = image
+
+        return [
+            ChangeEvent(
+                format=str(self.format),
+                database=database,
+                schema=schema,
+                table=table,
+                op=Op(op),
+                key_columns=key_columns,
+                after=after,
+                position=position,
+                before=before,
+                columns=[s.column() for s in specs_list] if specs_list is not None else None,
+                tx_id=self.tx_id(source, payload),
+                commit_ts_us=commit_ts_us(source),
+                file=msg.file,
+                line=msg.line,
+                notes=list(dict.fromkeys(notes)),
+            )
+        ]
+
+    # -- pieces --------------------------------------------------------------
+    def table_name(self, source: dict[str, Any]) -> tuple[str | None, str | None, str]:
+        if source.get("table") is None:
+            raise DecodeError("source.table is missing")
+        table = check_identifier(source["table"], "table")
+        schema = check_identifier(source["schema"], "schema") if source.get("schema") is not None else None
+        database = check_identifier(source["db"], "database") if source.get("db") is not None else None
+        return database, schema, table
+
+    @staticmethod
+    def row_specs(schema: dict[str, Any] | None) -> list[FieldSpec] | None:
+        """Field specs of the row struct (the envelope's 'after', else 'before')."""
+        if schema is None:
+            return None
+        sub = envelope_field(schema, "after") or envelope_field(schema, "before")
+        if sub is None:
+            raise DecodeError("envelope schema has neither an 'after' nor a 'before' field")
+        return struct_fields(sub, "row")
+
+    def resolve_key(
+        self,
+        rec: Record,
+        specs: dict[str, FieldSpec] | None,
+        image: dict[str, str | None],
+        database: str | None,
+        schema: str | None,
+        table: str,
+        notes: list[str],
+    ) -> tuple[list[str], dict[str, str | None]]:
+        """Key columns, and the row image completed with the key values.
+
+        The Kafka key wins; its values must agree with the row image (a
+        mismatch means a corrupt or mis-assembled record)."""
+        image = dict(image)
+        if rec.has_key:
+            if not isinstance(rec.key_payload, dict) or not rec.key_payload:
+                raise DecodeError(f"Kafka key payload is not a non-empty object: {rec.key_payload!r:.80}")
+            if rec.key_schema is not None:
+                key_specs = {s.name: s for s in struct_fields(rec.key_schema, "key")}
+            else:
+                key_specs = specs
+            columns = [check_identifier(c, "key column") for c in rec.key_payload]
+            for col in columns:
+                spec = key_specs.get(col) if key_specs is not None else None
+                if key_specs is not None and spec is None:
+                    raise DecodeError(f"key column {col} is not declared in the key schema")
+                value = convert_value(spec, rec.key_payload[col], notes)
+                if value is NOT_PRESENT or value is None:
+                    raise DecodeError(f"key column {col} has no value")
+                if col in image and image[col] != value:
+                    raise DecodeError(f"key column {col}: key says {value!r}, row says {image[col]!r}")
+                image[col] = value
+            return columns, image
+        configured = self.ctx.configured_key(database, schema, table)
+        if configured:
+            for col in configured:
+                if image.get(col) is None:
+                    raise DecodeError(f"configured key column {col} has no value in the row image")
+            return list(configured), image
+        return [], image
+
+
+def sniff_connector(text: str, connector: str) -> bool:
+    return re.search(r'"connector"\s*:\s*"' + re.escape(connector) + '"', text) is not None
+
+
+__all__ = [
+    "PLACEHOLDER",
+    "PLACEHOLDER_B64",
+    "NOT_PRESENT",
+    "DebeziumDecoder",
+    "FieldSpec",
+    "Record",
+    "as_int",
+    "check_identifier",
+    "classify",
+    "commit_ts_us",
+    "convert_row",
+    "convert_value",
+    "field_spec",
+    "load_json",
+    "parse_record",
+    "sniff_connector",
+]

@@ -1,0 +1,120 @@
+"""Debezium PostgreSQL connector messages -> canonical change events.
+
+Position layout: ``pad_decimal(source.lsn, 20)`` — the change's own WAL LSN
+as a 20-digit zero-padded decimal (a uint64 has at most 20 digits), so string
+order == numeric LSN order.
+
+Why the change LSN alone (no tie-break components): events are emitted in
+commit order, so LSNs are not monotonic across rows, but for one row the row
+lock makes change LSNs increase with commit order — exactly the per-key order
+the apply needs.  A TRUNCATE holds an ACCESS EXCLUSIVE lock, so every change
+to the table committed before it has a lower LSN and every change after it a
+higher one.  The only equal positions are a primary-key update (delete of the
+old key + create of the new key, same LSN: different keys, so no tie within a
+key) and snapshot reads (one LSN for the whole snapshot, one event per key).
+``source.sequence`` (``["<last committed LSN>", "<current LSN>"]``, unpadded
+decimal strings or nulls) is parsed as integers and validated; it adds nothing
+to per-key order, so it is not part of the position (a disagreement between
+its current LSN and ``source.lsn`` is noted on the event).
+
+Ops: c/u/d/r are row changes; ``t`` is a table truncate
+(``ChangeEvent(op=TRUNCATE, key_columns=[], after={})``); ``m`` (logical
+decoding message, ``pg_logical_emit_message``) is ``Skipped('logical-message')``.
+Transaction ids come from ``source.txId``; commit time from
+``source.ts_ns``/``ts_us``/``ts_ms``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..model import ChangeEvent, DecodeError, Format, Op, Outcome, RawMessage, Skipped, pad_decimal
+from .debezium_common import DebeziumDecoder, Record, as_int, commit_ts_us, sniff_connector
+
+
+def parse_sequence(value: Any) -> tuple[int | None, int | None] | None:
+    """``source.sequence``: a JSON *string* holding a 2-element array of
+    unpadded decimal strings or nulls.  Compared as integers, never as text."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise DecodeError(f"source.sequence must be a JSON string, got {value!r}")
+    try:
+        items = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"source.sequence is not JSON: {value!r}") from exc
+    if not isinstance(items, list) or len(items) != 2:
+        raise DecodeError(f"source.sequence must be a 2-element array: {value!r}")
+    out: list[int | None] = []
+    for item in items:
+        if item is None:
+            out.append(None)
+        elif isinstance(item, str) and item.isascii() and item.isdigit():
+            out.append(int(item))
+        elif isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            out.append(item)
+        else:
+            raise DecodeError(f"source.sequence element {item!r} is not a decimal LSN")
+    return out[0], out[1]
+
+
+def lsn_position(source: dict[str, Any]) -> str:
+    if source.get("lsn") is None:
+        raise DecodeError("source.lsn is missing")
+    lsn = as_int(source["lsn"], "source.lsn")
+    if lsn < 0:
+        raise DecodeError(f"source.lsn is negative: {lsn}")
+    return pad_decimal(lsn, 20)
+
+
+class DebeziumPostgresDecoder(DebeziumDecoder):
+    format = Format.DEBEZIUM_POSTGRES
+    connector = "postgresql"
+    ops = frozenset({"c", "u", "d", "r", "t", "m"})
+
+    @classmethod
+    def sniff(cls, text: str) -> bool:
+        return sniff_connector(text, "postgresql") or "io.debezium.connector.postgresql" in text
+
+    def position(self, source: dict[str, Any], payload: dict[str, Any], notes: list[str]) -> str:
+        position = lsn_position(source)
+        seq = parse_sequence(source.get("sequence"))
+        if seq is not None and seq[1] is not None and seq[1] != int(position):
+            notes.append(f"source.sequence current LSN {seq[1]} differs from source.lsn {int(position)}")
+        return position
+
+    def tx_id(self, source: dict[str, Any], payload: dict[str, Any]) -> str | None:
+        if source.get("txId") is not None:
+            return str(as_int(source["txId"], "source.txId"))
+        return super().tx_id(source, payload)
+
+    def special(self, op: str, rec: Record, source: dict[str, Any], msg: RawMessage) -> list[Outcome] | None:
+        payload = rec.payload
+        if op == "m":
+            message = payload.get("message")
+            prefix = message.get("prefix") if isinstance(message, dict) else None
+            return [Skipped("logical-message", msg.file, msg.line, detail=f"prefix={prefix}")]
+        if op == "t":
+            notes: list[str] = []
+            database, schema, table = self.table_name(source)
+            position = self.position(source, payload, notes)
+            return [
+                ChangeEvent(
+                    format=str(self.format),
+                    database=database,
+                    schema=schema,
+                    table=table,
+                    op=Op.TRUNCATE,
+                    key_columns=[],
+                    after={},
+                    position=position,
+                    tx_id=self.tx_id(source, payload),
+                    commit_ts_us=commit_ts_us(source),
+                    file=msg.file,
+                    line=msg.line,
+                    notes=notes,
+                )
+            ]
+        return None

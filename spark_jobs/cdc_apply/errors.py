@@ -1,0 +1,31 @@
+"""Domain errors. *Terminal* errors are about data or configuration: retrying
+cannot help, so Airflow must not retry them. Anything else is transient."""
+
+
+class CdcError(Exception):
+    """Root of the project's errors."""
+
+
+class TerminalError(CdcError):
+    """Retrying will not help: an operator must fix data, suite or config."""
+
+
+class ConfigError(TerminalError):
+    """The configuration is wrong; the message says what to fix."""
+
+
+class AlreadyAppliedFileChanged(TerminalError):
+    """A file that was applied before has different content now."""
+
+
+class GateFailed(TerminalError):
+    """The batch failed its quality gate; main is untouched, the branch is kept."""
+
+    def __init__(self, message: str, failed: list[str], branch: str) -> None:
+        super().__init__(message)
+        self.failed = failed
+        self.branch = branch
+
+
+class SchemaIncompatible(TerminalError):
+    """A source schema change cannot be applied safely (narrowing, key change)."""

@@ -1,0 +1,270 @@
+"""What "applied" means — the one reader/writer of the batch ledger.
+
+* Per table, the ledger is the Iceberg **snapshot summary** written by the same
+  commit as the data (``cdc.*`` properties on every commit of a batch on the
+  audit branch, published by fast-forward).  A table's applied files are the
+  union of ``cdc.files`` over the ancestry of ``main``: the job uses this for
+  its exactly-once check, so a re-run of a batch changes nothing.
+* Per source, a batch is *complete* once every table it touched is published;
+  a row in ``<audit namespace>.batches`` with ``table_name = '*'`` and
+  ``status = 'complete'`` records it.  File discovery (the DAG, the CLI) reads
+  those rows.  If the job dies between a table's publish and that row, the
+  files are offered again and every table skips them through its own summary.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .config import Settings
+
+PREFIX = "cdc."
+BATCHES_TABLE = "batches"
+QUARANTINE_TABLE = "quarantine"
+# batch rows (table_name '*') whose files count as applied: 'skipped' is an
+# operator's explicit decision to never apply them (see results.Override)
+APPLIED_STATUSES = ("complete", "skipped")
+AUDIT_BRANCH_PREFIX = "audit_"
+
+
+def audit_branch(batch_id: str) -> str:
+    """The branch a batch writes to before the gate: ``audit_<batch id>``."""
+    return f"{AUDIT_BRANCH_PREFIX}{batch_id}"
+
+@dataclass
+class TableLedger:
+    files: dict[str, str] = field(default_factory=dict)  # path -> sha256
+    batches: list[str] = field(default_factory=list)  # oldest first
+    truncated_at: str | None = None
+    last_position: str | None = None
+    last_batch: str | None = None
+    last_applied_at: str | None = None
+    snapshot_id: int | None = None
+
+
+def summary_properties(batch_id: str, files: Iterable[dict], *, position_max: str | None, truncated_at: str | None, counts: dict[str, int]) -> dict[str, str]:
+    props = {
+        "batch-id": batch_id,
+        "files": json.dumps([{"path": f["path"], "size": f["size"], "sha256": f["sha256"]} for f in files], separators=(",", ":")),
+        "counts": json.dumps(counts, sort_keys=True, separators=(",", ":")),
+        "applied-at": dt.datetime.now(dt.timezone.utc).isoformat(),
+    }
+    if position_max is not None:
+        props["position-max"] = position_max
+    if truncated_at is not None:
+        props["truncated-at"] = truncated_at
+    return {PREFIX + k: v for k, v in props.items()}
+
+
+def ledger_from_summaries(summaries: list[dict[str, str]]) -> TableLedger:
+    """Fold the summaries of main's ancestry (oldest first) into a TableLedger."""
+    led = TableLedger()
+    for s in summaries:
+        batch = s.get(PREFIX + "batch-id")
+        if not batch:
+            continue
+        for f in json.loads(s.get(PREFIX + "files", "[]")):
+            led.files[f["path"]] = f["sha256"]
+        if not led.batches or led.batches[-1] != batch:
+            led.batches.append(batch)
+        led.last_batch = batch
+        led.last_applied_at = s.get(PREFIX + "applied-at", led.last_applied_at)
+        pos = s.get(PREFIX + "position-max")
+        if pos is not None and (led.last_position is None or pos > led.last_position):
+            led.last_position = pos
+        t = s.get(PREFIX + "truncated-at")
+        if t is not None and (led.truncated_at is None or t > led.truncated_at):
+            led.truncated_at = t
+    return led
+
+
+# -- pyiceberg side: light reads for discovery, status and the job -------------
+
+
+def load_catalog(settings: Settings):
+    from pyiceberg.catalog import load_catalog as _load
+
+    if settings.sqlite_path is not None:
+        settings.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+    return _load(settings.catalog_name, **settings.pyiceberg_properties())
+
+
+def _summary_dict(snapshot) -> dict[str, str]:
+    summary = snapshot.summary
+    if summary is None:
+        return {}
+    out = dict(summary.additional_properties)
+    return out
+
+
+def read_table_ledger(settings: Settings, identifier: str, catalog=None) -> TableLedger | None:
+    """The ledger of ``namespace.table`` on main; None when the table does not exist."""
+    from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.table.snapshots import ancestors_of
+
+    catalog = catalog or load_catalog(settings)
+    try:
+        table = catalog.load_table(identifier)
+    except NoSuchTableError:
+        return None
+    current = table.current_snapshot()
+    if current is None:
+        return TableLedger()
+    chain = list(ancestors_of(current, table.metadata))
+    led = ledger_from_summaries([_summary_dict(s) for s in reversed(chain)])
+    led.snapshot_id = current.snapshot_id
+    return led
+
+
+def applied_files(settings: Settings, source: str, catalog=None) -> dict[str, str]:
+    """Files of the source's complete batches: path -> sha256."""
+    from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.expressions import And, EqualTo, In
+
+    catalog = catalog or load_catalog(settings)
+    try:
+        table = catalog.load_table(f"{settings.audit_namespace}.{BATCHES_TABLE}")
+    except NoSuchTableError:
+        return {}
+    rows = table.scan(
+        row_filter=And(EqualTo("source", source), And(EqualTo("table_name", "*"), In("status", APPLIED_STATUSES))),
+        selected_fields=("files",),
+    ).to_arrow().to_pylist()
+    out: dict[str, str] = {}
+    for r in rows:
+        for f in r["files"] or []:
+            out[f["path"]] = f["sha256"]
+    return out
+
+
+def latest_decoder_state(settings: Settings, source: str, catalog=None) -> dict[str, Any]:
+    rows = [r for r in batch_rows(settings, source, catalog) if r["table_name"] == "*" and r["status"] == "complete" and r["decoder_state"]]
+    return json.loads(rows[-1]["decoder_state"]) if rows else {}
+
+
+def batch_rows(settings: Settings, source: str | None = None, catalog=None) -> list[dict[str, Any]]:
+    from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.expressions import AlwaysTrue, EqualTo
+
+    catalog = catalog or load_catalog(settings)
+    try:
+        table = catalog.load_table(f"{settings.audit_namespace}.{BATCHES_TABLE}")
+    except NoSuchTableError:
+        return []
+    flt = EqualTo("source", source) if source else AlwaysTrue()
+    return sorted(table.scan(row_filter=flt).to_arrow().to_pylist(), key=lambda r: (r["started_at"] or dt.datetime.min, r["table_name"]))
+
+
+# -- writes (pyiceberg: the publish stage needs no Spark) ------------------------
+
+def _arrow_schemas():
+    import pyarrow as pa
+
+    files = pa.list_(pa.struct([("path", pa.string()), ("size", pa.int64()), ("sha256", pa.string())]))
+    ts = pa.timestamp("us", tz="UTC")
+    batches = pa.schema(
+        [
+            ("batch_id", pa.string()), ("source", pa.string()), ("table_name", pa.string()), ("status", pa.string()),
+            ("files", files), ("position_min", pa.string()), ("position_max", pa.string()),
+            ("counts", pa.map_(pa.string(), pa.int64())), ("failed_expectations", pa.list_(pa.string())),
+            ("branch", pa.string()), ("snapshot_id", pa.int64()), ("message", pa.string()), ("data_docs", pa.string()),
+            ("decoder_state", pa.string()), ("started_at", ts), ("ended_at", ts),
+        ]
+    )
+    quarantine = pa.schema(
+        [("batch_id", pa.string()), ("source", pa.string()), ("file", pa.string()), ("line", pa.int64()),
+         ("reason", pa.string()), ("raw", pa.string()), ("recorded_at", ts)]
+    )
+    return batches, quarantine
+
+
+def ensure_audit_tables(settings: Settings, catalog=None) -> None:
+    catalog = catalog or load_catalog(settings)
+    batches, quarantine = _arrow_schemas()
+    catalog.create_namespace_if_not_exists(settings.audit_namespace)
+    catalog.create_table_if_not_exists(f"{settings.audit_namespace}.{BATCHES_TABLE}", schema=batches, properties={"format-version": "2"})
+    catalog.create_table_if_not_exists(f"{settings.audit_namespace}.{QUARANTINE_TABLE}", schema=quarantine, properties={"format-version": "2"})
+
+
+def record_batch(settings: Settings, result) -> None:
+    """One ledger row per table attempt, plus the batch row (``table_name='*'``):
+    'complete' marks the batch's files applied for discovery."""
+    import pyarrow as pa
+
+    catalog = load_catalog(settings)
+    ensure_audit_tables(settings, catalog)
+    now = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.fromisoformat(result.started_at) if result.started_at else now
+    rows = []
+    for t in result.tables:
+        rows.append(
+            {
+                "batch_id": result.batch_id, "source": result.source, "table_name": t.table,
+                "status": "forced" if (t.override and t.status == "published") else t.status,
+                "files": result.files, "position_min": t.position_min, "position_max": t.position_max,
+                "counts": list((t.counts or {}).items()), "failed_expectations": t.failed_expectations,
+                "branch": t.branch, "snapshot_id": t.snapshot_id, "message": t.override or t.message, "data_docs": t.data_docs,
+                "decoder_state": None, "started_at": started, "ended_at": now,
+            }
+        )
+    status = result.status if result.status in APPLIED_STATUSES else "failed"
+    held = set(result.held_files)
+    rows.append(
+        {
+            "batch_id": result.batch_id, "source": result.source, "table_name": "*", "status": status,
+            "files": [f for f in result.files if f["path"] not in held], "position_min": None, "position_max": None,
+            "counts": list((result.messages or {}).items()), "failed_expectations": list(result.failed_checks),
+            "branch": None, "snapshot_id": None, "message": result.message, "data_docs": None,
+            "decoder_state": json.dumps(result.source_state) if status == "complete" else None, "started_at": started, "ended_at": now,
+        }
+    )
+    batches, _ = _arrow_schemas()
+    catalog.load_table(f"{settings.audit_namespace}.{BATCHES_TABLE}").append(pa.Table.from_pylist(rows, schema=batches))
+
+
+def fast_forward(catalog, identifier: str, branch: str) -> int:
+    """Move main to the head of ``branch`` if main is its ancestor, drop the
+    branch and the audit branches earlier failed attempts left behind (this
+    batch re-applied their files); one atomic catalog commit.  Returns main's
+    new snapshot id."""
+    import logging
+
+    from pyiceberg.table.snapshots import ancestors_of
+
+    from .errors import CdcError
+
+    table = catalog.load_table(identifier)
+    ref = table.metadata.refs.get(branch)
+    if ref is None:
+        raise CdcError(f"{identifier}: audit branch {branch!r} does not exist (already published, or never written)")
+    head = table.snapshot_by_id(ref.snapshot_id)
+    main = table.current_snapshot()
+    if main is not None and main.snapshot_id not in {s.snapshot_id for s in ancestors_of(head, table.metadata)}:
+        raise CdcError(f"{identifier}: main moved since branch {branch!r} was created; the batch will be re-applied on the new main")
+    stale = sorted(name for name in table.metadata.refs if name.startswith(AUDIT_BRANCH_PREFIX) and name != branch)
+    update = table.manage_snapshots().set_current_snapshot(snapshot_id=head.snapshot_id).remove_branch(branch)
+    for name in stale:
+        update = update.remove_branch(name)
+    update.commit()
+    if stale:
+        logging.getLogger(__name__).info("%s: dropped audit branches of earlier failed attempts %s", identifier, stale)
+    return head.snapshot_id
+
+
+def drop_branches(settings: Settings, namespace: str, branch: str, catalog=None) -> list[str]:
+    """Drop ``branch`` from every table of ``namespace`` that has it; returns those tables."""
+    catalog = catalog or load_catalog(settings)
+    try:
+        idents = [".".join(t) for t in catalog.list_tables(namespace)]
+    except Exception:  # no such namespace: nothing written yet
+        return []
+    dropped = []
+    for ident in idents:
+        table = catalog.load_table(ident)
+        if branch in table.metadata.refs:
+            table.manage_snapshots().remove_branch(branch).commit()
+            dropped.append(ident)
+    return dropped

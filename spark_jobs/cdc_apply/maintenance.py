@@ -1,0 +1,129 @@
+"""Table maintenance with Iceberg's own Spark procedures.
+
+Per table of a source: purge tombstones older than their retention, compact
+small files, rewrite position deletes, expire old snapshots, remove orphan
+files.  A table with an open audit branch (a batch between write and
+publish, or one that failed its gate and waits for an operator) is left
+alone: maintenance never commits under an in-flight batch.
+
+Retention and the ledger: the per-table ledger lives in snapshot summaries,
+so expiring snapshots forgets which files the *table* saw before the
+retention; discovery reads ``cdc_audit.batches`` (never expired), and a batch
+re-run after the retention is still a no-op by position.  Keep
+``snapshot_retention_days`` above the longest delay after which you would
+re-run a batch, and ``tombstone_retention_days`` above the longest delivery
+delay of the source (a late event older than a purged delete would resurrect
+its row).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from .config import Settings, SourceConfig
+from .errors import ConfigError
+from .merge import MAINTENANCE_BRANCH
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Retention:
+    snapshot_days: float = 7.0
+    tombstone_days: float = 7.0
+    orphan_days: float = 3.0  # never below the longest write: files of running writes look orphaned
+    retain_last: int = 20
+
+    @classmethod
+    def from_env(cls, snapshot_days: float | None = None, tombstone_days: float | None = None) -> "Retention":
+        """Explicit values first, then ``CDC_SNAPSHOT_RETENTION_DAYS`` /
+        ``CDC_TOMBSTONE_RETENTION_DAYS``, then the defaults (7 days each)."""
+
+        def pick(value: float | None, env: str, default: float) -> float:
+            if value is not None:
+                days = float(value)
+            else:
+                text = os.environ.get(env, "").strip()
+                try:
+                    days = float(text) if text else default
+                except ValueError:
+                    raise ConfigError(f"{env}={text!r} is not a number of days") from None
+            if days < 0:
+                raise ConfigError(f"{env} must be >= 0 days, got {days}")
+            return days
+
+        return cls(
+            snapshot_days=pick(snapshot_days, "CDC_SNAPSHOT_RETENTION_DAYS", cls.snapshot_days),
+            tombstone_days=pick(tombstone_days, "CDC_TOMBSTONE_RETENTION_DAYS", cls.tombstone_days),
+        )
+
+
+def _ts(days: float) -> str:
+    t = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days)
+    return t.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def open_branches(spark: SparkSession, identifier: str) -> list[str]:
+    return [r[0] for r in spark.sql(f"SELECT name FROM {identifier}.refs WHERE type = 'BRANCH' AND name <> 'main'").collect()]
+
+
+def maintain_table(spark: SparkSession, settings: Settings, identifier: str, retention: Retention = Retention()) -> dict:
+    """Maintain one table under the maintenance branch (see merge.MAINTENANCE_BRANCH):
+    never while a batch has an audit branch open, and no batch starts meanwhile."""
+    report: dict = {"table": identifier}
+    try:
+        spark.sql(f"ALTER TABLE {identifier} CREATE BRANCH {MAINTENANCE_BRANCH}")
+    except Exception as exc:  # the branch exists: another maintenance holds the table
+        report["skipped"] = f"maintenance branch {MAINTENANCE_BRANCH!r} exists (another maintenance runs?): {str(exc)[:200]}"
+        return report
+    try:
+        branches = [b for b in open_branches(spark, identifier) if b != MAINTENANCE_BRANCH]
+        if branches:
+            report["skipped"] = f"open audit branch(es) {branches}: a batch is in flight or waits for an operator"
+            return report
+        report.update(_procedures(spark, identifier, retention))
+        return report
+    finally:
+        spark.sql(f"ALTER TABLE {identifier} DROP BRANCH IF EXISTS {MAINTENANCE_BRANCH}")
+
+
+def _procedures(spark: SparkSession, identifier: str, retention: Retention) -> dict:
+    catalog, ns_table = identifier.split(".", 1)
+    report: dict = {}
+    purged = spark.sql(
+        f"DELETE FROM {identifier} WHERE _cdc_deleted AND _cdc_applied_at < TIMESTAMP '{_ts(retention.tombstone_days)}'"
+    )
+    report["tombstones_purged"] = purged.collect() if purged.columns else None
+    report["rewrite_data_files"] = spark.sql(
+        f"CALL {catalog}.system.rewrite_data_files(table => '{ns_table}', options => map('min-input-files', '2'))"
+    ).collect()[0].asDict()
+    report["rewrite_position_delete_files"] = spark.sql(
+        f"CALL {catalog}.system.rewrite_position_delete_files(table => '{ns_table}')"
+    ).collect()[0].asDict()
+    report["expire_snapshots"] = spark.sql(
+        f"CALL {catalog}.system.expire_snapshots(table => '{ns_table}', older_than => TIMESTAMP '{_ts(retention.snapshot_days)}', "
+        f"retain_last => {retention.retain_last})"
+    ).collect()[0].asDict()
+    report["remove_orphan_files"] = len(
+        spark.sql(f"CALL {catalog}.system.remove_orphan_files(table => '{ns_table}', older_than => TIMESTAMP '{_ts(retention.orphan_days)}')").collect()
+    )
+    return report
+
+
+def maintain_source(spark: SparkSession, settings: Settings, source: SourceConfig, retention: Retention = Retention()) -> list[dict]:
+    ns = f"{settings.catalog_name}.{source.namespace}"
+    if not spark.sql(f"SHOW NAMESPACES IN {settings.catalog_name} LIKE '{source.namespace}'").collect():
+        return []
+    tables = [r["tableName"] for r in spark.sql(f"SHOW TABLES IN {ns}").collect() if not r["isTemporary"]]
+    reports = []
+    for t in sorted(tables):
+        if spark.sql(f"SHOW VIEWS IN {ns} LIKE '{t}'").collect():
+            continue
+        reports.append(maintain_table(spark, settings, f"{ns}.{t}", retention))
+        log.info("maintenance: %s", reports[-1])
+    return reports

@@ -1,0 +1,170 @@
+"""What a batch did, stage by stage, as JSON that survives between processes.
+
+The write stage (one Spark job per source: decode once, MERGE each table onto
+its audit branch) writes the batch result file.  The gate then runs *per
+table* (the DAG maps validate -> publish over the written tables), and each
+table's later stages write their own file next to it, so concurrent tables
+never write the same file; :func:`load_result` folds them back together for
+the finish stage, which records the ledger.
+
+Also here: the operator override of a failing batch (force / skip), which is
+carried in the result so that every stage sees it and the ledger records it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+OVERRIDE_ACTIONS = ("force", "skip")
+
+
+@dataclass(frozen=True)
+class Override:
+    """An explicit, logged operator decision about a batch that fails its gate.
+
+    * ``force``: publish even though checks failed (the quarantine share, GX
+      expectations, reconciliation); the failed checks stay in the ledger.
+    * ``skip``: do not apply the batch's files at all, but mark them applied
+      so that later batches go on.
+    """
+
+    action: str
+    reason: str
+    operator: str
+
+    @classmethod
+    def parse(cls, action: str | None, reason: str | None, operator: str | None = None) -> "Override | None":
+        if not action or action == "none":
+            return None
+        if action not in OVERRIDE_ACTIONS:
+            raise ConfigError(f"override {action!r} is not one of none, {', '.join(OVERRIDE_ACTIONS)}")
+        if not (reason or "").strip():
+            raise ConfigError(f"override {action!r} needs a reason (--override-reason / the override_reason param): it goes to the ledger")
+        return cls(action=action, reason=reason.strip(), operator=(operator or _operator()).strip())
+
+    def describe(self) -> str:
+        return f"{self.action.upper()} by {self.operator}: {self.reason}"
+
+
+def _operator() -> str:
+    for var in ("CDC_OPERATOR", "AIRFLOW_CTX_DAG_OWNER"):
+        if os.environ.get(var):
+            return os.environ[var]
+    try:
+        return getpass.getuser()
+    except Exception:  # no user database entry (containers)
+        return "unknown"
+
+
+@dataclass
+class TableResult:
+    table: str
+    status: str  # written -> validated -> published | skipped | failed | dry-run
+    counts: dict[str, int] = field(default_factory=dict)
+    snapshot_id: int | None = None
+    branch: str | None = None
+    failed_expectations: list[str] = field(default_factory=list)
+    data_docs: str | None = None
+    message: str | None = None
+    schema_changes: list[str] = field(default_factory=list)
+    position_min: str | None = None
+    position_max: str | None = None
+    terminal: bool = True
+    key_columns: list[str] = field(default_factory=list)
+    override: str | None = None  # set when an operator forced this table past failed checks
+
+
+@dataclass
+class BatchResult:
+    batch_id: str | None
+    source: str
+    status: str  # complete | nothing-to-do | failed | dry-run | skipped
+    files: list[dict] = field(default_factory=list)
+    messages: dict[str, int] = field(default_factory=dict)
+    tables: list[TableResult] = field(default_factory=list)
+    message: str | None = None
+    seconds: float = 0.0
+    stage: str | None = None
+    held_files: list[str] = field(default_factory=list)
+    source_state: dict[str, Any] = field(default_factory=dict)
+    started_at: str | None = None
+    failed_checks: list[str] = field(default_factory=list)  # batch-wide checks (quarantine share)
+    override: dict | None = None  # Override as a dict
+
+    @property
+    def terminal(self) -> bool:
+        return all(t.terminal for t in self.tables if t.status == "failed")
+
+    def get_override(self) -> Override | None:
+        return Override(**self.override) if self.override else None
+
+    def table(self, name: str) -> TableResult:
+        for t in self.tables:
+            if t.table == name:
+                return t
+        raise ConfigError(f"batch {self.batch_id} has no table {name!r}; its tables: {[t.table for t in self.tables]}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str, indent=2, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "BatchResult":
+        data = json.loads(text)
+        data["tables"] = [TableResult(**t) for t in data.get("tables", [])]
+        return cls(**data)
+
+    def pending(self, status: str) -> bool:
+        """Some table waits for the next stage (the others' failures do not stop it)."""
+        return any(t.status == status for t in self.tables)
+
+    def fail_if_any(self) -> None:
+        failed = [t for t in self.tables if t.status == "failed"]
+        if failed:
+            self.status = "failed"
+            self.message = "; ".join(f"{t.table}: {t.message}" for t in failed)
+
+
+# -- files ----------------------------------------------------------------------
+
+
+def table_result_path(result_file: str | Path, table: str) -> Path:
+    """``result.json`` -> ``result.<table>.json`` (one writer per table)."""
+    path = Path(result_file)
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", table)
+    return path.with_name(f"{path.stem}.{safe}{path.suffix or '.json'}")
+
+
+def save_result(result_file: str | Path, result: BatchResult) -> None:
+    path = Path(result_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(result.to_json())
+    tmp.replace(path)
+
+
+def save_table_result(result_file: str | Path, table: TableResult) -> None:
+    path = table_result_path(result_file, table.table)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(asdict(table), default=str, indent=2))
+    tmp.replace(path)
+
+
+def load_result(result_file: str | Path) -> BatchResult:
+    """The write stage's result with every table's later stages folded in."""
+    path = Path(result_file)
+    if not path.exists():
+        raise ConfigError(f"no batch result at {path}: run the write stage first")
+    result = BatchResult.from_json(path.read_text())
+    for i, t in enumerate(result.tables):
+        per_table = table_result_path(path, t.table)
+        if per_table.exists():
+            result.tables[i] = TableResult(**json.loads(per_table.read_text()))
+    return result

@@ -1,0 +1,241 @@
+"""Object storage (S3-compatible) for the archive and the warehouse.
+
+The embedded default uses local files and needs nothing here: every function
+returns "nothing to add" unless an object store is configured, i.e.
+
+* ``CDC_S3_ENDPOINT`` is set (an S3-compatible server: MinIO, s3proxy, ...), or
+* ``CDC_WAREHOUSE`` or ``CDC_ARCHIVE_DIR`` is an ``s3://`` / ``s3a://`` URI.
+
+Two clients, one store:
+
+* the Iceberg catalog (Spark and pyiceberg) reads and writes table files with
+  its own FileIO: Iceberg's ``S3FileIO`` on the JVM (AWS SDK v2, from the
+  ``iceberg-aws-bundle`` jar), pyarrow's S3 file system in pyiceberg;
+* archives are read by Spark's ``binaryFile`` source through Hadoop's S3A file
+  system (``hadoop-aws``, the version of Spark's own Hadoop), and listed and
+  fingerprinted on the driver with pyarrow (:func:`list_object_files`).
+
+Credentials are never written here nor into the Spark conf: every client reads
+the AWS default chain (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN``, profiles, instance roles).  Only the endpoint, the
+addressing style and the region are passed on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .config import Settings
+
+S3_SCHEMES = ("s3", "s3a", "s3n")
+S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+S3A_FILE_SYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+# S3A's credential chain: environment variables first, then the SDK's default
+# chain (profiles, web identity, container and instance roles).
+S3A_CREDENTIALS_PROVIDERS = ",".join(
+    (
+        "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider",
+        "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider",
+    )
+)
+
+
+# -- what is configured ----------------------------------------------------------
+
+
+def scheme_of(uri: str | os.PathLike | None) -> str:
+    """The URI scheme in lower case ('' for a plain path)."""
+    text = str(uri or "")
+    if "://" not in text:
+        return ""
+    return text.split("://", 1)[0].lower()
+
+
+def is_object_store_uri(uri: str | os.PathLike | None) -> bool:
+    return scheme_of(uri) in S3_SCHEMES
+
+
+def s3_endpoint() -> str | None:
+    """``CDC_S3_ENDPOINT`` (e.g. http://127.0.0.1:9000); None for AWS itself."""
+    value = os.environ.get("CDC_S3_ENDPOINT", "").strip()
+    return value or None
+
+
+def s3_path_style() -> bool:
+    """Path-style addressing (http://host/bucket/key) with a custom endpoint, as
+    S3-compatible servers expect; virtual-hosted style on AWS itself."""
+    return s3_endpoint() is not None
+
+
+def s3_region() -> str | None:
+    value = os.environ.get("AWS_REGION", "").strip()
+    return value or None
+
+
+def warehouse_on_object_store(settings: Settings) -> bool:
+    return is_object_store_uri(settings.warehouse)
+
+
+def archive_on_object_store(settings: Settings) -> bool:
+    return is_object_store_uri(settings.archive_dir)
+
+
+def uses_object_store(settings: Settings) -> bool:
+    return s3_endpoint() is not None or warehouse_on_object_store(settings) or archive_on_object_store(settings)
+
+
+# -- Spark -------------------------------------------------------------------------
+
+
+def object_store_conf(settings: Settings) -> dict[str, str]:
+    """Spark conf for an S3 warehouse (Iceberg S3FileIO) and s3a:// archives
+    (Hadoop S3A); empty for local files.  ``CDC_SPARK_CONF_*`` still overrides
+    any of these (spark_session.iceberg_conf applies it last)."""
+    if not uses_object_store(settings):
+        return {}
+    cat = f"spark.sql.catalog.{settings.catalog_name}"
+    endpoint = s3_endpoint()
+    path_style = "true" if s3_path_style() else "false"
+    region = s3_region()
+    conf: dict[str, str] = {}
+
+    # Iceberg catalog: table files through S3FileIO (default AWS credential chain).
+    if warehouse_on_object_store(settings):
+        conf[f"{cat}.io-impl"] = S3_FILE_IO
+    if endpoint:
+        conf[f"{cat}.s3.endpoint"] = endpoint
+    conf[f"{cat}.s3.path-style-access"] = path_style
+    if region:
+        conf[f"{cat}.client.region"] = region
+
+    # Hadoop S3A: archives read by binaryFile from s3a:// (and s3:// mapped to S3A).
+    h = "spark.hadoop.fs.s3a."
+    conf[h + "impl"] = S3A_FILE_SYSTEM
+    conf[h + "path.style.access"] = path_style
+    conf[h + "aws.credentials.provider"] = S3A_CREDENTIALS_PROVIDERS
+    if endpoint:
+        conf[h + "endpoint"] = endpoint
+        conf[h + "connection.ssl.enabled"] = "true" if urlsplit(endpoint).scheme == "https" else "false"
+    if region:
+        conf[h + "endpoint.region"] = region
+    if scheme_of(settings.archive_dir) in ("s3", "s3n"):
+        conf[f"spark.hadoop.fs.{scheme_of(settings.archive_dir)}.impl"] = S3A_FILE_SYSTEM
+    return conf
+
+
+def extra_jar_coordinates(settings: Settings) -> tuple[str, ...]:
+    """Maven coordinates of the jars the object store needs on top of
+    ``config.JARS`` (all fetched by ``./dev setup`` into CDC_JARS_DIR):
+    iceberg-aws-bundle for S3FileIO (and the AWS SDK S3A uses), hadoop-aws and
+    the SDK's transfer manager for s3a:// archives.  A jar already on Spark's
+    own class path (``pyspark/jars``, as the Docker image installs
+    iceberg-aws-bundle) is not added again."""
+    from .config import HADOOP_AWS, ICEBERG_AWS_BUNDLE, S3_TRANSFER_MANAGER
+
+    if not uses_object_store(settings):
+        return ()
+    coords = [ICEBERG_AWS_BUNDLE]
+    if archive_on_object_store(settings):
+        coords += [HADOOP_AWS, S3_TRANSFER_MANAGER]
+    spark_jars = _spark_jars_dir()
+    out = []
+    for coord in coords:
+        _, artifact, version = coord.split(":")
+        if spark_jars is not None and (spark_jars / f"{artifact}-{version}.jar").exists():
+            continue
+        out.append(coord)
+    return tuple(out)
+
+
+def _spark_jars_dir() -> Path | None:
+    try:
+        import pyspark
+    except ImportError:  # pragma: no cover - pyspark is a requirement
+        return None
+    path = Path(pyspark.__file__).resolve().parent / "jars"
+    return path if path.is_dir() else None
+
+
+# -- archives on the object store (driver side, pyarrow) ---------------------------
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """``s3a://bucket/prefix/`` -> (``s3a``, ``bucket/prefix``)."""
+    scheme = scheme_of(uri)
+    if scheme not in S3_SCHEMES:
+        raise ValueError(f"{uri!r} is not an s3://, s3a:// or s3n:// URI")
+    rest = str(uri).split("://", 1)[1].strip("/")
+    if not rest:
+        raise ValueError(f"{uri!r} names no bucket")
+    return scheme, rest
+
+
+def s3_filesystem():
+    """pyarrow's S3 file system for the configured store (credentials: the AWS
+    default chain, read by the AWS SDK itself)."""
+    from pyarrow import fs as pafs
+
+    kwargs: dict = {"force_virtual_addressing": not s3_path_style()}
+    endpoint = s3_endpoint()
+    if endpoint:
+        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        kwargs["endpoint_override"] = parts.netloc + parts.path.rstrip("/")
+        kwargs["scheme"] = parts.scheme or "https"
+    region = s3_region()
+    if region:
+        kwargs["region"] = region
+    return pafs.S3FileSystem(**kwargs)
+
+
+def sha256_of_object(filesystem, key: str) -> str:
+    """SHA-256 of the object's bytes as stored (``compression=None``: pyarrow
+    would otherwise gunzip a ``.gz`` object while reading it)."""
+    h = hashlib.sha256()
+    with filesystem.open_input_stream(key, compression=None) as stream:
+        while True:
+            chunk = stream.read(1 << 20)
+            if not chunk:
+                break
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def list_object_files(root: str, *, since: dt.datetime | None = None, until: dt.datetime | None = None, filesystem=None):
+    """Archive files under an ``s3://`` / ``s3a://`` prefix whose hour is in
+    [since, until), oldest first — the object-store twin of
+    ``archive.list_files`` with the same rules: archive suffixes only, names
+    starting with '.' or '_' skipped, the hour from ``YYYY/MM/DD/HH/`` or
+    ``dt=YYYY-MM-DD/hour=HH/`` in the path below ``root``, else from the
+    object's modification time.  ``path`` keeps ``root``'s scheme (what Spark
+    reads); size and SHA-256 come from the object itself."""
+    from pyarrow import fs as pafs
+
+    from .archive import SUFFIXES, ArchiveFile, hour_of
+
+    scheme, prefix = split_uri(root)
+    filesystem = filesystem or s3_filesystem()
+    if "/" not in prefix:
+        # a bare bucket: list it, but a missing bucket is an empty archive
+        info = filesystem.get_file_info(prefix)
+        if info.type == pafs.FileType.NotFound:
+            return []
+    infos = filesystem.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
+    out = []
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        name = info.base_name
+        if not name.endswith(SUFFIXES) or name.startswith((".", "_")):
+            continue
+        relative = info.path[len(prefix):].lstrip("/")
+        hour = hour_of(relative, info.mtime)
+        if until is not None and hour >= until:
+            continue
+        if since is not None and hour < since:
+            continue
+        out.append(ArchiveFile(hour=hour, path=f"{scheme}://{info.path}", size=int(info.size), sha256=sha256_of_object(filesystem, info.path)))
+    return sorted(out)

@@ -1,0 +1,151 @@
+"""Target tables: naming, schema from the messages, creation and safe evolution.
+
+A target table holds the source columns plus CDC metadata columns.  Deleted
+keys stay as *tombstones* (``_cdc_deleted = true``, data columns NULL) so that
+a late, older event cannot resurrect them; readers use the ``<table>_live``
+view (or filter ``NOT _cdc_deleted``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from .compact import quote
+from .config import Settings, validate_identifier
+from .errors import ConfigError, SchemaIncompatible
+
+META_COLUMNS = {
+    "_cdc_position": "string",
+    "_cdc_op": "string",
+    "_cdc_deleted": "boolean",
+    "_cdc_commit_ts": "timestamp",
+    "_cdc_tx_id": "string",
+    "_cdc_batch_id": "string",
+    "_cdc_applied_at": "timestamp",
+}
+_BAD_COLUMN = re.compile(r"[`\x00-\x1f\x7f]")
+_DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
+_INT_ORDER = ["tinyint", "smallint", "int", "bigint"]
+
+
+def validate_column(name: str, table: str) -> str:
+    if not name or len(name) > 128 or _BAD_COLUMN.search(name) or name.lower().startswith("_cdc_"):
+        raise ConfigError(f"table {table}: column name {name!r} cannot be used (empty, too long, control characters, backticks or the reserved _cdc_ prefix)")
+    return name
+
+
+def target_name(table: str) -> str:
+    name = table.lower()
+    try:
+        return validate_identifier(name, "target table name")
+    except ConfigError:
+        raise ConfigError(f"source table {table!r} has no valid Iceberg name; rename it or add a mapping") from None
+
+
+def widen(old: str, new: str, column: str) -> str:
+    """The type that holds both; SchemaIncompatible when the change would lose data."""
+    if old == new:
+        return old
+    if old in _INT_ORDER and new in _INT_ORDER:
+        return _INT_ORDER[max(_INT_ORDER.index(old), _INT_ORDER.index(new))]
+    if {old, new} == {"float", "double"}:
+        return "double"
+    mo, mn = _DECIMAL.match(old), _DECIMAL.match(new)
+    if mo and mn and mo.group(2) == mn.group(2):
+        return old if int(mo.group(1)) >= int(mn.group(1)) else new
+    raise SchemaIncompatible(f"column {column!r} changed type from {old} to {new}: not a safe widening")
+
+
+@dataclass
+class TableSpec:
+    identifier: str  # catalog.namespace.table
+    short: str  # namespace.table (for procedures)
+    key_columns: list[str]
+    columns: dict[str, str]  # source columns in order -> Spark type
+
+    @property
+    def live_view(self) -> str:
+        return f"{self.identifier}_live"
+
+
+def resolve_columns(declared: list[list[tuple[str, str]]], table: str) -> tuple[dict[str, str], list[str]]:
+    """Union of the column lists the batch's messages declare, widened."""
+    columns: dict[str, str] = {}
+    notes = []
+    for cols in declared:
+        for name, typ in cols:
+            validate_column(name, table)
+            columns[name] = widen(columns[name], typ, name) if name in columns else typ
+    return columns, notes
+
+
+def table_exists(spark: SparkSession, identifier: str) -> bool:
+    catalog, ns, table = identifier.split(".")
+    if not spark.sql(f"SHOW NAMESPACES IN {catalog} LIKE '{ns}'").collect():
+        return False
+    return bool(spark.sql(f"SHOW TABLES IN {catalog}.{ns} LIKE '{table}'").collect())
+
+
+def create_table(spark: SparkSession, spec: TableSpec, source: str) -> None:
+    cols = [f"{quote(c)} {t}{' NOT NULL' if c in spec.key_columns else ''}" for c, t in spec.columns.items()]
+    cols += [f"{c} {t}{' NOT NULL' if c == '_cdc_position' else ''}" for c, t in META_COLUMNS.items()]
+    ns = spec.identifier.rsplit(".", 1)[0]
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {ns}")
+    spark.sql(
+        f"CREATE TABLE IF NOT EXISTS {spec.identifier} ({', '.join(cols)}) USING iceberg "
+        "TBLPROPERTIES ('format-version'='2', 'write.wap.enabled'='true', "
+        f"'cdc.primary-key'='{','.join(spec.key_columns)}', 'cdc.source'='{source}')"
+    )
+    spark.sql(f"ALTER TABLE {spec.identifier} SET IDENTIFIER FIELDS {', '.join(quote(k) for k in spec.key_columns)}")
+    # A first (empty) snapshot, so that audit branches can be created from main.
+    spark.table(spec.identifier).limit(0).writeTo(spec.identifier).append()
+    refresh_live_view(spark, spec)
+
+
+def refresh_live_view(spark: SparkSession, spec: TableSpec) -> None:
+    cols = ", ".join(quote(c) for c in spec.columns)
+    spark.sql(f"CREATE OR REPLACE VIEW {spec.live_view} AS SELECT {cols} FROM {spec.identifier} WHERE NOT _cdc_deleted")
+
+
+def existing_schema(spark: SparkSession, identifier: str) -> tuple[dict[str, str], list[str]]:
+    fields = spark.table(identifier).schema.fields
+    cols = {f.name: f.dataType.simpleString() for f in fields if not f.name.startswith("_cdc_")}
+    props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
+    keys = [k for k in props.get("cdc.primary-key", "").split(",") if k]
+    return cols, keys
+
+
+def evolve(spark: SparkSession, spec: TableSpec) -> list[str]:
+    """Add new columns and apply safe widenings; refuse anything else.
+
+    Returns the changes made (for the job's report).  Columns the table has but
+    the batch does not declare are kept (old sources may omit them).
+    """
+    have, keys = existing_schema(spark, spec.identifier)
+    if keys and [k.lower() for k in keys] != [k.lower() for k in spec.key_columns]:
+        raise SchemaIncompatible(
+            f"{spec.identifier}: primary key changed from {keys} to {spec.key_columns}; a key change needs a rebuild of the table"
+        )
+    lower = {c.lower(): c for c in have}
+    changes = []
+    merged = dict(have)
+    for col, typ in spec.columns.items():
+        existing = lower.get(col.lower())
+        if existing is None:
+            spark.sql(f"ALTER TABLE {spec.identifier} ADD COLUMN {quote(col)} {typ}")
+            changes.append(f"added column {col} {typ}")
+            merged[col] = typ
+            continue
+        old = have[existing]
+        wide = widen(old, typ, col)
+        if wide != old:
+            spark.sql(f"ALTER TABLE {spec.identifier} ALTER COLUMN {quote(existing)} TYPE {wide}")
+            changes.append(f"widened column {existing} {old} -> {wide}")
+            merged[existing] = wide
+    spec.columns = merged
+    if changes:
+        refresh_live_view(spark, spec)
+    return changes

@@ -1,0 +1,43 @@
+"""A throw-away Airflow installation for end-to-end tests: its own
+AIRFLOW_HOME on SQLite, this project's dags/ and plugins/, the spark_default
+connection on local[*], and the CDC settings of the test session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+def airflow_env(airflow_home: Path, cdc_home: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(airflow_home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__PARALLELISM": "2",
+            "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}',
+            "CDC_HOME": str(cdc_home),
+            "CDC_JARS_DIR": os.environ.get("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars")),
+            "CDC_SOURCES_FILE": str(ROOT / "include" / "sources.yaml"),
+            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": f"{ROOT / 'spark_jobs'}{os.pathsep}{ROOT / 'plugins'}",
+            "CDC_SPARK_CONF_spark__sql__shuffle__partitions": "2",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def airflow(env: dict[str, str], *args: str, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(VENV_BIN / "airflow"), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"airflow {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}")
+    return proc

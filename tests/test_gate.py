@@ -1,0 +1,166 @@
+"""The quality gate: write-audit-publish with Great Expectations and CDC
+reconciliation. Failing data never reaches main."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from cdc_apply import ledger, merge
+from cdc_apply.model import Quarantined
+from tests.apply_harness import apply_events, event, live_rows
+
+pytestmark = pytest.mark.spark
+_ns = itertools.count()
+COLS = {"id": "int", "name": "string", "amount": "decimal(10,2)"}
+
+
+@pytest.fixture
+def ns():
+    return f"gate_{next(_ns)}"
+
+
+def main_snapshot(spark, settings, ns):
+    return spark.sql(f"SELECT snapshot_id FROM {settings.catalog_name}.{ns}.items.refs WHERE name = 'main'").collect()[0][0]
+
+
+def refs(spark, settings, ns):
+    return {r[0] for r in spark.sql(f"SELECT name FROM {settings.catalog_name}.{ns}.items.refs").collect()}
+
+
+def ledger_rows(settings, ns, batch_id):
+    return [r for r in ledger.batch_rows(settings, ns) if r["batch_id"] == batch_id]
+
+
+def test_passing_batch_is_published_with_ledger_rows_and_data_docs(spark, settings, ns):
+    r = apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
+    assert r.status == "complete"
+    t = r.tables[0]
+    assert t.status == "published" and t.snapshot_id == main_snapshot(spark, settings, ns)
+    assert refs(spark, settings, ns) == {"main"}  # the audit branch is gone
+    assert t.data_docs and open(t.data_docs).read().startswith("<!DOCTYPE html>") or "html" in open(t.data_docs).read()[:200].lower()
+    rows = ledger_rows(settings, ns, r.batch_id)
+    assert {x["table_name"]: x["status"] for x in rows} == {f"{settings.catalog_name}.{ns}.items": "published", "*": "complete"}
+    table_row = [x for x in rows if x["table_name"] != "*"][0]
+    assert table_row["counts"] and dict(table_row["counts"])["inserted"] == 1
+    assert table_row["files"][0]["sha256"] and table_row["snapshot_id"] == t.snapshot_id
+
+
+def test_duplicate_key_in_branch_fails_keeps_main_and_branch_then_fix_publishes_once(spark, settings, ns, monkeypatch):
+    apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
+    before = main_snapshot(spark, settings, ns)
+    real_merge = merge.merge_changes
+
+    def merge_and_corrupt(spark_, spec, branch, source, batch_id):
+        real_merge(spark_, spec, branch, source, batch_id)
+        spark_.sql(f"INSERT INTO {merge.branch_ref(spec, branch)} SELECT * FROM {spec.identifier} VERSION AS OF '{branch}' WHERE id = 2")
+
+    monkeypatch.setattr(merge, "merge_changes", merge_and_corrupt)
+    batch = [event("c", 2, {"name": "b", "amount": "2.00"}, pos=2)]
+    r = apply_events(spark, settings, ns, batch, batch_tag="dup")
+    assert r.status == "failed" and r.terminal
+    t = r.tables[0]
+    assert any(f.startswith("expect_column_values_to_be_unique") for f in t.failed_expectations), t.failed_expectations
+    assert any(f.startswith("reconcile_live_row_count") for f in t.failed_expectations)
+    assert main_snapshot(spark, settings, ns) == before  # main untouched
+    assert f"audit_{r.batch_id}" in refs(spark, settings, ns)  # branch kept for inspection
+    assert t.branch in t.message and t.data_docs
+    failed_row = [x for x in ledger_rows(settings, ns, r.batch_id) if x["table_name"] != "*"][0]
+    assert failed_row["status"] == "failed" and failed_row["failed_expectations"]
+    assert batch[0].file not in ledger.applied_files(settings, ns)  # not marked applied
+
+    monkeypatch.setattr(merge, "merge_changes", real_merge)  # the operator fixed the cause
+    r2 = apply_events(spark, settings, ns, batch, batch_tag="dup")
+    assert r2.status == "complete" and r2.tables[0].status == "published"
+    r3 = apply_events(spark, settings, ns, batch, batch_tag="dup")
+    assert r3.tables[0].status == "skipped"
+    assert set(live_rows(spark, settings, ns, "items", ["id"], COLS)) == {("1",), ("2",)}
+    assert refs(spark, settings, ns) == {"main"}
+
+
+def test_user_suite_violation_fails_the_batch(spark, settings, ns, tmp_path, monkeypatch):
+    monkeypatch.setenv("CDC_EXPECTATIONS_DIR", str(tmp_path))
+    (tmp_path / f"{ns}.items.json").write_text(
+        json.dumps({"expectations": [{"type": "expect_column_values_to_be_between", "kwargs": {"column": "amount", "min_value": 0}}]})
+    )
+    apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
+    before = main_snapshot(spark, settings, ns)
+    r = apply_events(spark, settings, ns, [event("c", 2, {"name": "neg", "amount": "-1.00"}, pos=2)])
+    t = r.tables[0]
+    assert r.status == "failed" and t.failed_expectations[0].startswith("expect_column_values_to_be_between({\"column\": \"amount\"") and len(t.failed_expectations) == 1
+    assert main_snapshot(spark, settings, ns) == before
+    assert t.data_docs
+
+
+def test_quarantine_share_over_limit_fails_before_any_write(spark, settings, ns):
+    apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
+    before = main_snapshot(spark, settings, ns)
+    bad = [Quarantined(reason="malformed JSON", raw="{oops", file="", line=i) for i in range(3)]
+    r = apply_events(spark, settings, ns, [event("c", 2, {"name": "b", "amount": "2.00"}, pos=2)] + bad, quarantine_max_share=0.5)
+    assert r.status == "failed" and r.failed_checks == ["quarantine_share(max=0.5, got=0.7500)"] and r.tables == []
+    assert main_snapshot(spark, settings, ns) == before
+    q = spark.sql(f"SELECT reason, raw FROM {settings.catalog_name}.{settings.audit_namespace}.quarantine WHERE batch_id = '{r.batch_id}'").collect()
+    assert len(q) == 3 and q[0]["raw"] == "{oops"
+
+
+def test_force_override_publishes_a_failing_batch_and_records_it(spark, settings, ns, tmp_path, monkeypatch):
+    from cdc_apply.results import Override
+
+    monkeypatch.setenv("CDC_EXPECTATIONS_DIR", str(tmp_path))
+    (tmp_path / f"{ns}.items.json").write_text(
+        json.dumps({"expectations": [{"type": "expect_column_values_to_be_between", "kwargs": {"column": "amount", "min_value": 0}}]})
+    )
+    batch = [event("c", 2, {"name": "neg", "amount": "-1.00"}, pos=2)]
+    failed = apply_events(spark, settings, ns, batch, batch_tag="neg")
+    assert failed.status == "failed" and f"audit_{failed.batch_id}" in refs(spark, settings, ns)
+
+    with pytest.raises(Exception, match="needs a reason"):
+        Override.parse("force", "  ")
+    force = Override.parse("force", "refund rows are negative by design, suite fixed in PR 12", operator="oncall")
+    r = apply_events(spark, settings, ns, batch, batch_tag="neg", override=force)
+    t = r.tables[0]
+    assert r.status == "complete" and t.status == "published" and t.override.startswith("FORCE by oncall: refund rows")
+    assert t.failed_expectations and t.failed_expectations[0].startswith("expect_column_values_to_be_between")
+    assert set(live_rows(spark, settings, ns, "items", ["id"], COLS)) == {("2",)}
+    assert refs(spark, settings, ns) == {"main"}  # the failed attempt's branch went with the publish
+    row = [x for x in ledger_rows(settings, ns, r.batch_id) if x["table_name"] != "*" and x["status"] == "forced"]
+    assert len(row) == 1 and "refund rows" in row[0]["message"] and row[0]["failed_expectations"]
+    assert batch[0].file in ledger.applied_files(settings, ns)
+
+
+def test_skip_override_marks_files_applied_without_applying(spark, settings, ns):
+    from cdc_apply.archive import ArchiveFile
+    from cdc_apply.config import Settings, SourceConfig
+    from cdc_apply.job import batch_id_for, skip_batch
+    from cdc_apply.results import BatchResult, Override
+
+    apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
+    before = main_snapshot(spark, settings, ns)
+    import datetime as dt
+
+    f = ArchiveFile(hour=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), path=f"/virtual/{ns}/bad.jsonl", size=3, sha256="ab" * 32)
+    bid = batch_id_for(ns, [f])
+    spark.sql(f"ALTER TABLE {settings.catalog_name}.{ns}.items CREATE BRANCH audit_{bid}")  # what a failed attempt leaves
+    skip = Override.parse("skip", "upstream replayed garbage, re-snapshot requested", operator="oncall")
+    result = BatchResult(batch_id=bid, source=ns, status="complete", files=[f.as_dict()], override=skip.__dict__)
+    r = skip_batch(settings, SourceConfig(name=ns, format="debezium_postgres", namespace=ns), result)
+    assert r.status == "skipped" and "SKIP by oncall" in r.message
+    assert main_snapshot(spark, settings, ns) == before  # nothing applied
+    assert refs(spark, settings, ns) == {"main"}  # the failed attempt's branch is dropped
+    assert ledger.applied_files(settings, ns)[f.path] == f.sha256  # discovery will not offer it again
+    (row,) = [x for x in ledger_rows(settings, ns, bid)]
+    assert row["table_name"] == "*" and row["status"] == "skipped" and "re-snapshot" in row["message"]
+
+
+def test_force_override_lets_a_quarantine_share_through(spark, settings, ns):
+    from cdc_apply.results import Override
+
+    bad = [Quarantined(reason="malformed JSON", raw="{oops", file="", line=i) for i in range(3)]
+    force = Override.parse("force", "known bad lines from the 02:00 connector crash", operator="oncall")
+    r = apply_events(spark, settings, ns, [event("c", 2, {"name": "b", "amount": "2.00"}, pos=2)] + bad, quarantine_max_share=0.5, override=force)
+    assert r.status == "complete" and r.failed_checks == ["quarantine_share(max=0.5, got=0.7500)"]
+    assert "FORCE by oncall" in r.message
+    (row,) = [x for x in ledger_rows(settings, ns, r.batch_id) if x["table_name"] == "*"]
+    assert row["status"] == "complete" and row["failed_expectations"] == r.failed_checks

@@ -1,0 +1,87 @@
+"""The cdc_apply DAG on a Spark standalone cluster, by changing only the
+spark_default connection: a native master and worker on 127.0.0.1 (from the
+pip-installed pyspark), `airflow dags test`, then the master's and worker's
+JSON show that executors on the worker ran the job's applications."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import requests
+
+from tests.airflow_env import VENV_BIN, airflow, airflow_env
+from tests.test_e2e_dag_runner import check_demo_table
+from tests.test_e2e_standalone import free_port
+
+pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
+
+
+def start(args, log):
+    import pyspark
+
+    env = {**os.environ, "SPARK_HOME": os.path.dirname(pyspark.__file__), "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.Popen([str(VENV_BIN / "spark-class"), *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+
+def stop(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except Exception:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def wait_json(url, predicate, timeout=120):
+    deadline, last = time.time() + timeout, None
+    while time.time() < deadline:
+        try:
+            last = requests.get(url, timeout=5).json()
+            if predicate(last):
+                return last
+        except (requests.RequestException, ValueError):
+            pass
+        time.sleep(1)
+    raise AssertionError(f"{url} never satisfied the condition; last answer: {last}")
+
+
+def test_dag_runs_on_a_standalone_cluster(tmp_path, monkeypatch):
+    from cdc_apply.config import Settings
+    from cdc_apply.demo import write_demo_archive
+
+    port, ui, worker_ui = free_port(), free_port(), free_port()
+    log = open(tmp_path / "spark.log", "w")
+    master = start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)], log)
+    worker = None
+    try:
+        wait_json(f"http://127.0.0.1:{ui}/json/", lambda j: j.get("status") == "ALIVE")
+        worker = start(
+            ["org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--webui-port", str(worker_ui), "--cores", "2", "--memory", "2g"],
+            log,
+        )
+        wait_json(f"http://127.0.0.1:{ui}/json/", lambda j: len([w for w in j.get("workers", []) if w["state"] == "ALIVE"]) == 1)
+
+        conn = json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1", "port": port})
+        env = airflow_env(tmp_path / "airflow", tmp_path / "cdc", AIRFLOW_CONN_SPARK_DEFAULT=conn)
+        monkeypatch.setenv("CDC_HOME", env["CDC_HOME"])
+        write_demo_archive(Settings.from_env())
+        airflow(env, "db", "migrate")
+        airflow(env, "dags", "test", "cdc_apply", "2026-01-01T03:00:00+00:00", timeout=900)
+        check_demo_table(env)
+
+        state = wait_json(f"http://127.0.0.1:{ui}/json/", lambda j: len(j.get("completedapps", [])) >= 2)
+        names = {a["name"] for a in state["completedapps"]}
+        assert {"cdc_apply_pg_inventory", "cdc_validate_pg_inventory"} <= names, names
+        work = requests.get(f"http://127.0.0.1:{worker_ui}/json/", timeout=5).json()
+        apps = {a["id"] for a in state["completedapps"] if a["name"].startswith("cdc_")}
+        ran_here = {e["appid"] for e in work.get("finishedexecutors", []) + work.get("executors", [])}
+        assert apps <= ran_here, (apps, ran_here)  # executors of both jobs ran on the worker
+    finally:
+        if worker:
+            stop(worker)
+        stop(master)
+        log.close()

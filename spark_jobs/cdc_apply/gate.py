@@ -7,6 +7,13 @@ the audit branch before anything is published.
 * reconciliation of the batch against the branch (computed in Spark and
   reported with the same names in the failure message).
 
+Cost follows the batch, not the table: row-wise expectations run on the rows
+this batch wrote (``_cdc_batch_id``; every other row is byte-for-byte what
+``main`` already holds and was checked when it was written), reconciliation
+looks only at the batch's keys.  Table-wide expectations (row counts,
+aggregates, uniqueness in a user suite) still read the whole branch: they
+cannot be judged from a slice.
+
 Every run writes GX Data Docs into ``$CDC_HOME/data_docs/<batch>/<table>/``.
 """
 
@@ -64,8 +71,26 @@ def _expectation_name(result) -> str:
     return f"{cfg.type}({json.dumps(kwargs, default=str, sort_keys=True)})"
 
 
-def run_gx(settings: Settings, df: DataFrame, identifier: str, key_columns: list[str], batch_id: str) -> GateResult:
-    """Validate ``df`` (the branch's rows) with the generated and user suites."""
+# Map expectations whose verdict needs every row, not each row on its own.
+_POPULATION_MAP_EXPECTATIONS = {"expect_column_values_to_be_unique", "expect_compound_columns_to_be_unique"}
+
+
+def is_row_wise(expectation_type: str) -> bool:
+    """Whether an expectation judges each row on its own (so checking only the
+    rows a batch wrote is enough)."""
+    from great_expectations.expectations.expectation import ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation
+    from great_expectations.expectations.registry import get_expectation_impl
+
+    if expectation_type in _POPULATION_MAP_EXPECTATIONS:
+        return False
+    impl = get_expectation_impl(expectation_type)
+    return issubclass(impl, (ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation))
+
+
+def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: list[str], batch_id: str) -> GateResult:
+    """Validate the audit branch: the generated suite and the user suite's
+    row-wise expectations on the rows this batch wrote, the user suite's
+    table-wide expectations on the whole branch."""
     import great_expectations as gx
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
@@ -79,42 +104,69 @@ def run_gx(settings: Settings, df: DataFrame, identifier: str, key_columns: list
     except Exception:  # progress bars are cosmetic
         pass
     ds = ctx.data_sources.add_or_update_spark(name="cdc_branch")
-    asset = ds.add_dataframe_asset(name=table)
-    bd = asset.add_batch_definition_whole_dataframe(f"{batch_id}")
-    suite = gx.ExpectationSuite(name=f"{table}_cdc_generated")
+    rows_suite = gx.ExpectationSuite(name=f"{table}_batch_rows")
+    table_suite = gx.ExpectationSuite(name=f"{table}_whole_table")
     for e in generated_expectations(key_columns):
-        suite.add_expectation(e)
+        rows_suite.add_expectation(e)
     user = user_suite_path(identifier)
     if user.exists():
         spec = json.loads(user.read_text())
         for e in spec.get("expectations", []):
-            suite.add_expectation_configuration(ExpectationConfiguration(type=e["type"], kwargs=e.get("kwargs", {}), meta=e.get("meta")))
-    suite = ctx.suites.add_or_update(suite)
-    vd = ctx.validation_definitions.add_or_update(gx.ValidationDefinition(name=f"{table}_{batch_id}", data=bd, suite=suite))
-    checkpoint = ctx.checkpoints.add_or_update(
-        gx.Checkpoint(name=f"{table}_gate", validation_definitions=[vd], actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")])
-    )
-    run = checkpoint.run(batch_parameters={"dataframe": df})
-    failed, checks = [], 0
-    for vr in run.run_results.values():
-        for r in vr.results:
-            checks += 1
-            if not r.success:
-                failed.append(_expectation_name(r))
+            cfg = ExpectationConfiguration(type=e["type"], kwargs=e.get("kwargs", {}), meta=e.get("meta"))
+            (rows_suite if is_row_wise(e["type"]) else table_suite).add_expectation_configuration(cfg)
+    changed = branch.where(F.col("_cdc_batch_id") == F.lit(batch_id))
+    runs = [(rows_suite, changed)] + ([(table_suite, branch)] if table_suite.expectations else [])
+    failed, checks, success = [], 0, True
+    for suite, df in runs:
+        asset = ds.add_dataframe_asset(name=suite.name)
+        bd = asset.add_batch_definition_whole_dataframe(batch_id)
+        suite = ctx.suites.add_or_update(suite)
+        vd = ctx.validation_definitions.add_or_update(gx.ValidationDefinition(name=f"{suite.name}_{batch_id}", data=bd, suite=suite))
+        checkpoint = ctx.checkpoints.add_or_update(
+            gx.Checkpoint(name=f"{suite.name}_gate", validation_definitions=[vd], actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")])
+        )
+        run = checkpoint.run(batch_parameters={"dataframe": df})
+        success = success and run.success
+        for vr in run.run_results.values():
+            for r in vr.results:
+                checks += 1
+                if not r.success:
+                    failed.append(_expectation_name(r))
     docs = root / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
-    return GateResult(success=run.success and not failed, failed=failed, data_docs=str(docs) if docs.exists() else None, checks=checks)
+    return GateResult(success=success and not failed, failed=failed, data_docs=str(docs) if docs.exists() else None, checks=checks)
 
 
-def reconcile(branch: DataFrame, base_live: int, folded: DataFrame, key_columns: list[str], counts: dict[str, int], main: DataFrame) -> list[str]:
-    """CDC reconciliation of the batch; returns the names of failed checks."""
+BROADCAST_KEYS_MAX = 2_000_000
+
+
+def reconcile(
+    branch: DataFrame,
+    base_live: int,
+    folded: DataFrame,
+    key_columns: list[str],
+    counts: dict[str, int],
+    main: DataFrame,
+) -> list[str]:
+    """CDC reconciliation of the batch; returns the names of failed checks.
+
+    Only the live-row count reads the whole branch (one boolean column); the
+    other checks join the batch's keys (broadcast while they are few enough)
+    with the branch and ``main``, so they cost what the batch costs."""
     failed = []
     live_after = branch.where(~F.col("_cdc_deleted")).count()
     expected = base_live + counts["inserted"] - counts["deleted"]
     if live_after != expected:
         failed.append(f"reconcile_live_row_count(expected={expected}, got={live_after})")
     keys = [quote(k) for k in key_columns]
-    b = branch.select(*keys, F.col("_cdc_position").alias("b_pos"), F.col("_cdc_deleted").alias("b_del"))
-    m = main.select(*keys, F.col("_cdc_position").alias("m_pos"))
+    batch_keys = folded.select(*keys)
+    if counts.get("keys", 0) <= BROADCAST_KEYS_MAX:
+        batch_keys = F.broadcast(batch_keys)
+    touched = branch.join(batch_keys, key_columns, "left_semi")
+    duplicated = touched.groupBy(*keys).count().where(F.col("count") > 1).count()
+    if duplicated:
+        failed.append(f"reconcile_key_unique(keys={duplicated})")
+    b = touched.select(*keys, F.col("_cdc_position").alias("b_pos"), F.col("_cdc_deleted").alias("b_del"))
+    m = main.join(batch_keys, key_columns, "left_semi").select(*keys, F.col("_cdc_position").alias("m_pos"))
     regressed = b.join(m, key_columns).where(F.col("b_pos") < F.col("m_pos")).count()
     if regressed:
         failed.append(f"reconcile_no_position_regression(rows={regressed})")

@@ -96,7 +96,7 @@ from ..model import (
     decimal_type,
     pad_decimal,
 )
-from .base import Decoder
+from .base import Decoder, has_float
 from .debezium_common import as_int, canonical, check_identifier, json_text
 
 KEY_ONLY_REASON = (
@@ -122,16 +122,6 @@ _INT_TYPES = {"int8": "tinyint", "int16": "smallint", "int32": "int", "int64": "
 # JSON and HLC timestamps
 
 
-def _has_float(obj: Any) -> bool:
-    if isinstance(obj, float):
-        return True
-    if isinstance(obj, dict):
-        return any(_has_float(v) for v in obj.values())
-    if isinstance(obj, list):
-        return any(_has_float(v) for v in obj)
-    return False
-
-
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -142,7 +132,7 @@ def load_json(text: str, what: str = "message") -> Any:
     bits, which DECIMAL values can be), so the slow parser re-reads those."""
     try:
         obj = orjson.loads(text)
-        if not _has_float(obj):
+        if not has_float(obj):
             return obj
     except orjson.JSONDecodeError:
         pass

@@ -45,6 +45,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ from ..model import (
     canonical_value,
     decimal_type,
 )
-from .base import Decoder
+from .base import Decoder, has_float
 
 PLACEHOLDER = "__debezium_unavailable_value"
 PLACEHOLDER_B64 = base64.b64encode(PLACEHOLDER.encode()).decode("ascii")  # 'X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=='
@@ -89,16 +90,6 @@ NOT_PRESENT = _NotPresent()
 # JSON
 
 
-def _has_float(obj: Any) -> bool:
-    if isinstance(obj, float):
-        return True
-    if isinstance(obj, dict):
-        return any(_has_float(v) for v in obj.values())
-    if isinstance(obj, list):
-        return any(_has_float(v) for v in obj)
-    return False
-
-
 def load_json(text: str | bytes, what: str = "message") -> Any:
     """orjson first (fast); if the document holds any number with a fraction or
     exponent, parse it again with ``decimal.Decimal`` numbers so decimals and
@@ -107,7 +98,7 @@ def load_json(text: str | bytes, what: str = "message") -> Any:
         obj = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"malformed JSON in {what}: {exc}") from exc
-    if _has_float(obj):
+    if has_float(obj):
         obj = json.loads(text, parse_float=decimal.Decimal)
     return obj
 
@@ -286,6 +277,12 @@ def struct_fields(schema: Any, what: str) -> list[FieldSpec]:
     if len(set(names)) != len(names):
         raise DecodeError(f"{what} schema has duplicate field names: {names}")
     return specs
+
+
+@functools.lru_cache(maxsize=512)
+def _row_specs_cached(sub_json: bytes) -> tuple[FieldSpec, ...]:
+    """Every message of a table repeats the same row schema: map it once."""
+    return tuple(struct_fields(orjson.loads(sub_json), "row"))
 
 
 def envelope_field(schema: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
@@ -635,7 +632,11 @@ class DebeziumDecoder(Decoder):
         sub = envelope_field(schema, "after") or envelope_field(schema, "before")
         if sub is None:
             raise DecodeError("envelope schema has neither an 'after' nor a 'before' field")
-        return struct_fields(sub, "row")
+        try:
+            key = orjson.dumps(sub, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # e.g. Decimal defaults: not worth caching
+            return struct_fields(sub, "row")
+        return list(_row_specs_cached(key))
 
     def resolve_key(
         self,

@@ -101,7 +101,7 @@ from ..model import (
     pad_decimal,
     parse_iso_datetime,
 )
-from .base import DecodeContext, Decoder
+from .base import DecodeContext, Decoder, has_float
 
 MAGIC = "atMSG"
 STATE_KEY = "qlik"
@@ -237,19 +237,9 @@ def _load(text: str) -> Any:
         obj = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"malformed JSON: {exc}") from exc
-    if _has_float(obj):
+    if has_float(obj):
         obj = json.loads(text, parse_float=Decimal)
     return obj
-
-
-def _has_float(obj: Any) -> bool:
-    if isinstance(obj, float):
-        return True
-    if isinstance(obj, dict):
-        return any(_has_float(v) for v in obj.values())
-    if isinstance(obj, list):
-        return any(_has_float(v) for v in obj)
-    return False
 
 
 def unwrap(obj: Any) -> tuple[str, dict[str, Any]]:

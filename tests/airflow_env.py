@@ -30,8 +30,6 @@ def airflow_env(airflow_home: Path, cdc_home: Path, **extra: str) -> dict[str, s
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "PYTHONPATH": f"{ROOT / 'spark_jobs'}{os.pathsep}{ROOT / 'plugins'}",
             "CDC_SPARK_CONF_spark__sql__shuffle__partitions": "2",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "cdc_airflow.metadb.SQLITE_CONNECT_ARGS",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "cdc_airflow.metadb.SQLITE_CONNECT_ARGS_ASYNC",
         }
     )
     env.update(extra)

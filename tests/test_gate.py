@@ -164,3 +164,39 @@ def test_force_override_lets_a_quarantine_share_through(spark, settings, ns):
     assert "FORCE by oncall" in r.message
     (row,) = [x for x in ledger_rows(settings, ns, r.batch_id) if x["table_name"] == "*"]
     assert row["status"] == "complete" and row["failed_expectations"] == r.failed_checks
+
+
+RECONCILE_CASES = {
+    # name: (branch rows (id, position, deleted), folded batch (id, action, position), failed checks)
+    "consistent": ([(1, "05", False), (2, "06", True), (3, "01", False)], [(1, "upsert", "05"), (2, "delete", "06")], []),
+    "position went backwards": (
+        [(1, "02", False), (2, "06", True), (3, "01", False)], [(1, "upsert", "02"), (2, "delete", "06")], ["reconcile_no_position_regression"]),
+    "deleted key still live": (
+        [(1, "05", False), (2, "06", False), (3, "01", False)], [(1, "upsert", "05"), (2, "delete", "06")],
+        ["reconcile_deleted_keys_absent", "reconcile_live_row_count"]),
+    "upserted key missing": (
+        [(2, "06", True), (3, "01", False)], [(1, "upsert", "05"), (2, "delete", "06")],
+        ["reconcile_live_row_count", "reconcile_upserted_keys_present"]),
+    "upsert not at the batch's position": (
+        [(1, "04", False), (2, "06", True), (3, "01", False)], [(1, "upsert", "05"), (2, "delete", "06")], ["reconcile_upserted_keys_present"]),
+    "key twice": (
+        [(1, "05", False), (1, "05", False), (2, "06", True), (3, "01", False)], [(1, "upsert", "05"), (2, "delete", "06")],
+        ["reconcile_key_unique", "reconcile_live_row_count"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECONCILE_CASES))
+def test_reconciliation_names_what_is_wrong(spark, case):
+    """Each reconciliation check on hand-made frames: main holds ids 1
+    (position 03), 2 (04) and 3 (01), all live; the batch updates 1 and
+    deletes 2, so 2 rows stay live."""
+    from cdc_apply import gate
+
+    branch_rows, folded_rows, expected = RECONCILE_CASES[case]
+    schema = "id int, _cdc_position string, _cdc_deleted boolean"
+    branch = spark.createDataFrame(branch_rows, schema)
+    main = spark.createDataFrame([(1, "03", False), (2, "04", False), (3, "01", False)], schema)
+    folded = spark.createDataFrame(folded_rows, "id int, _cdc_action string, _cdc_pos string")
+    counts = {"inserted": 0, "deleted": 1, "keys": len(folded_rows)}
+    failed = gate.reconcile(branch, 3, folded, ["id"], counts, main)
+    assert sorted(f.split("(")[0] for f in failed) == expected, failed

@@ -171,9 +171,13 @@ def merge_source(folded: DataFrame, key_cols: list[str], columns: dict[str, str]
     )
 
 
-def accounting(labelled: DataFrame, folded: DataFrame) -> dict[str, int]:
-    """Counts per bucket: every event is in exactly one."""
-    by_label = {r["_cdc_label"]: r["n"] for r in labelled.groupBy("_cdc_label").agg(F.count(F.lit(1)).alias("n")).collect()}
+def accounting(labelled: DataFrame, folded: DataFrame) -> tuple[dict[str, int], tuple[str | None, str | None]]:
+    """Counts per bucket (every event is in exactly one) and the batch's
+    position range, in two Spark jobs."""
+    per_label = labelled.groupBy("_cdc_label").agg(F.count(F.lit(1)).alias("n"), F.min(META_POS).alias("lo"), F.max(META_POS).alias("hi")).collect()
+    by_label = {r["_cdc_label"]: r["n"] for r in per_label}
+    lows, highs = [r["lo"] for r in per_label if r["lo"] is not None], [r["hi"] for r in per_label if r["hi"] is not None]
+    position_range = (min(lows, default=None), max(highs, default=None))
     agg = folded.agg(
         F.sum(F.when((F.col("_cdc_action") == "upsert") & ~F.col("_cdc_stored_live"), 1).otherwise(0)).alias("inserted"),
         F.sum(F.when((F.col("_cdc_action") == "upsert") & F.col("_cdc_stored_live"), 1).otherwise(0)).alias("updated"),
@@ -190,4 +194,4 @@ def accounting(labelled: DataFrame, folded: DataFrame) -> dict[str, int]:
     final = counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop_deletes"]
     if applied_events != final + (counts["superseded"] - int(by_label.get(SUPERSEDED, 0))):
         raise AssertionError(f"accounting does not add up: {applied_events} events vs {counts}")
-    return counts
+    return counts, position_range

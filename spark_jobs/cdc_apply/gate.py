@@ -139,6 +139,11 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
 BROADCAST_KEYS_MAX = 2_000_000
 
 
+def _rows(cond):
+    """How many rows meet ``cond`` (0, not NULL, for none)."""
+    return F.coalesce(F.sum(F.when(cond, 1).otherwise(0)), F.lit(0))
+
+
 def reconcile(
     branch: DataFrame,
     base_live: int,
@@ -167,17 +172,22 @@ def reconcile(
         failed.append(f"reconcile_key_unique(keys={duplicated})")
     b = touched.select(*keys, F.col("_cdc_position").alias("b_pos"), F.col("_cdc_deleted").alias("b_del"))
     m = main.join(batch_keys, key_columns, "left_semi").select(*keys, F.col("_cdc_position").alias("m_pos"))
-    regressed = b.join(m, key_columns).where(F.col("b_pos") < F.col("m_pos")).count()
-    if regressed:
-        failed.append(f"reconcile_no_position_regression(rows={regressed})")
     f = folded.select(*keys, "_cdc_action", F.col(META_POS).alias("f_pos"))
-    j = f.join(b, key_columns, "left")
-    bad_delete = j.where((F.col("_cdc_action") == "delete") & (F.col("b_del") == F.lit(False))).count()
-    if bad_delete:
-        failed.append(f"reconcile_deleted_keys_absent(rows={bad_delete})")
-    bad_upsert = j.where(
-        (F.col("_cdc_action") == "upsert") & (F.col("b_del").isNull() | F.col("b_del") | (F.col("b_pos") != F.col("f_pos")))
-    ).count()
-    if bad_upsert:
-        failed.append(f"reconcile_upserted_keys_present(rows={bad_upsert})")
+    # every touched key is a batch key: one pass over batch ⟕ branch ⟕ main judges the rest
+    bad = (
+        f.join(b, key_columns, "left")
+        .join(m, key_columns, "left")
+        .agg(
+            _rows(F.col("b_pos") < F.col("m_pos")).alias("regressed"),
+            _rows((F.col("_cdc_action") == "delete") & (F.col("b_del") == F.lit(False))).alias("deleted_present"),
+            _rows((F.col("_cdc_action") == "upsert") & (F.col("b_del").isNull() | F.col("b_del") | (F.col("b_pos") != F.col("f_pos")))).alias("upsert_missing"),
+        )
+        .collect()[0]
+    )
+    if bad["regressed"]:
+        failed.append(f"reconcile_no_position_regression(rows={bad['regressed']})")
+    if bad["deleted_present"]:
+        failed.append(f"reconcile_deleted_keys_absent(rows={bad['deleted_present']})")
+    if bad["upsert_missing"]:
+        failed.append(f"reconcile_upserted_keys_present(rows={bad['upsert_missing']})")
     return failed

@@ -337,11 +337,9 @@ def _apply_table(
         labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at).persist()
         folded = compact.fold_per_key(labelled, spec.key_columns).persist()
         try:
-            counts = compact.accounting(labelled, folded)
+            counts, (tr.position_min, tr.position_max) = compact.accounting(labelled, folded)
             counts["truncates"] = int(truncs["n"])
             tr.counts = counts
-            pos = labelled.agg(F.min(compact.META_POS).alias("lo"), F.max(compact.META_POS).alias("hi")).collect()[0]
-            tr.position_min, tr.position_max = pos["lo"], pos["hi"]
             if truncs["p"] and (tr.position_max is None or truncs["p"] > tr.position_max):
                 tr.position_max = truncs["p"]
             props = ledger.summary_properties(batch_id, [f.as_dict() for f in new_files], position_max=tr.position_max, truncated_at=truncated_at, counts=counts)

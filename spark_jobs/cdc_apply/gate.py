@@ -166,24 +166,31 @@ def reconcile(
     batch_keys = folded.select(*keys)
     if counts.get("keys", 0) <= BROADCAST_KEYS_MAX:
         batch_keys = F.broadcast(batch_keys)
-    touched = branch.join(batch_keys, key_columns, "left_semi")
-    duplicated = touched.groupBy(*keys).count().where(F.col("count") > 1).count()
-    if duplicated:
-        failed.append(f"reconcile_key_unique(keys={duplicated})")
-    b = touched.select(*keys, F.col("_cdc_position").alias("b_pos"), F.col("_cdc_deleted").alias("b_del"))
-    m = main.join(batch_keys, key_columns, "left_semi").select(*keys, F.col("_cdc_position").alias("m_pos"))
-    f = folded.select(*keys, "_cdc_action", F.col(META_POS).alias("f_pos"))
-    # every touched key is a batch key: one pass over batch ⟕ branch ⟕ main judges the rest
-    bad = (
-        f.join(b, key_columns, "left")
-        .join(m, key_columns, "left")
-        .agg(
-            _rows(F.col("b_pos") < F.col("m_pos")).alias("regressed"),
-            _rows((F.col("_cdc_action") == "delete") & (F.col("b_del") == F.lit(False))).alias("deleted_present"),
-            _rows((F.col("_cdc_action") == "upsert") & (F.col("b_del").isNull() | F.col("b_del") | (F.col("b_pos") != F.col("f_pos")))).alias("upsert_missing"),
-        )
-        .collect()[0]
+    # the branch's rows of the batch's keys: read once, used by every check below
+    b = (
+        branch.join(batch_keys, key_columns, "left_semi")
+        .select(*keys, F.col("_cdc_position").alias("b_pos"), F.col("_cdc_deleted").alias("b_del"))
+        .persist()
     )
+    try:
+        duplicated = b.groupBy(*keys).count().where(F.col("count") > 1).count()
+        if duplicated:
+            failed.append(f"reconcile_key_unique(keys={duplicated})")
+        m = main.join(batch_keys, key_columns, "left_semi").select(*keys, F.col("_cdc_position").alias("m_pos"))
+        f = folded.select(*keys, "_cdc_action", F.col(META_POS).alias("f_pos"))
+        # every branch row of b has a batch key: one pass over batch ⟕ branch ⟕ main judges the rest
+        bad = (
+            f.join(b, key_columns, "left")
+            .join(m, key_columns, "left")
+            .agg(
+                _rows(F.col("b_pos") < F.col("m_pos")).alias("regressed"),
+                _rows((F.col("_cdc_action") == "delete") & (F.col("b_del") == F.lit(False))).alias("deleted_present"),
+                _rows((F.col("_cdc_action") == "upsert") & (F.col("b_del").isNull() | F.col("b_del") | (F.col("b_pos") != F.col("f_pos")))).alias("upsert_missing"),
+            )
+            .collect()[0]
+        )
+    finally:
+        b.unpersist()
     if bad["regressed"]:
         failed.append(f"reconcile_no_position_regression(rows={bad['regressed']})")
     if bad["deleted_present"]:

@@ -3,6 +3,8 @@ we rely on (retries set, max_active_runs=1 for cdc_apply)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.airflow_env import ROOT
@@ -50,3 +52,15 @@ def test_cdc_maintenance_shape(dagbag):
     dag = dagbag.dags["cdc_maintenance"]
     assert dag.max_active_runs == 1 and dag.schedule == "@daily"
     assert set(dag.params.keys()) >= {"source", "snapshot_retention_days", "tombstone_retention_days"}
+
+
+def test_submit_settings_tune_the_short_lived_jvm(monkeypatch, tmp_path, dagbag):
+    """The DAG's jobs get C1-only JIT (one JVM per batch, see bench/README.md);
+    a CDC_SPARK_CONF_ override replaces it, here with nothing."""
+    from cdc_airflow.spark import DRIVER_JAVA_OPTIONS, submit_settings
+
+    monkeypatch.setenv("CDC_HOME", str(tmp_path))
+    monkeypatch.setenv("CDC_JARS_DIR", os.environ.get("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars")))
+    assert submit_settings()["conf"]["spark.driver.extraJavaOptions"] == DRIVER_JAVA_OPTIONS == "-XX:TieredStopAtLevel=1"
+    monkeypatch.setenv("CDC_SPARK_CONF_spark__driver__extraJavaOptions", "")
+    assert submit_settings()["conf"]["spark.driver.extraJavaOptions"] == ""

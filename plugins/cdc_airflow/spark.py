@@ -20,6 +20,13 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 APPLICATION = str(PROJECT_ROOT / "spark_jobs" / "apply_batch.py")
+# A job's JVM lives for one batch (seconds to minutes) and shares few cores
+# with the Python decode workers: the C2 compiler's threads compete with the
+# work and its code arrives too late to pay off.  Measured on 2 cores
+# (bench/README.md): a 1k-event hourly job 27.9 -> 22 s, a 200k-event job
+# 58.6 -> 51.1 s.  Long-lived sessions (tests, notebooks) keep the default.
+# To drop it: CDC_SPARK_CONF_spark__driver__extraJavaOptions= (empty).
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 def build_code_zip(dest_dir: Path) -> str:
@@ -50,6 +57,7 @@ def submit_settings() -> dict[str, Any]:
         # the driver JVM (and, on local[*], the executors): Spark's 1 GB default
         # runs out of heap on an hour of large archive files (see bench/README.md)
         "spark.driver.memory": os.environ.get("CDC_SPARK_DRIVER_MEMORY", "3g"),
+        "spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS,
         "spark.ui.showConsoleProgress": "false",
         "spark.pyspark.python": python,
         "spark.pyspark.driver.python": python,

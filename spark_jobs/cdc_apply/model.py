@@ -133,7 +133,7 @@ class RawMessage:
 # Canonical value text, shared by every decoder.
 
 _DECIMAL_TYPE = re.compile(r"^decimal\((\d+),(\d+)\)$")
-_INT_RANGES = {
+INT_RANGES = {
     "tinyint": (-(2**7), 2**7 - 1),
     "smallint": (-(2**15), 2**15 - 1),
     "int": (-(2**31), 2**31 - 1),
@@ -141,7 +141,7 @@ _INT_RANGES = {
 }
 SPARK_TYPES = frozenset(
     {"boolean", "float", "double", "string", "binary", "date", "timestamp", "timestamp_ntz"}
-    | set(_INT_RANGES)
+    | set(INT_RANGES)
 )
 
 
@@ -176,7 +176,7 @@ def canonical_value(spark_type: str, value: Any) -> str | None:
     if value is None:
         return None
     try:
-        if spark_type in _INT_RANGES:
+        if spark_type in INT_RANGES:
             if isinstance(value, bool):
                 raise DecodeError(f"boolean {value!r} is not an {spark_type}")
             if isinstance(value, float):
@@ -184,7 +184,7 @@ def canonical_value(spark_type: str, value: Any) -> str | None:
                     raise DecodeError(f"{value!r} is not an integer")
                 value = int(value)
             n = int(str(value).strip())
-            lo, hi = _INT_RANGES[spark_type]
+            lo, hi = INT_RANGES[spark_type]
             if not lo <= n <= hi:
                 raise DecodeError(f"{n} does not fit {spark_type}")
             return str(n)

@@ -15,9 +15,12 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cdc_apply.decode import decoder_class
 from cdc_apply.decode.base import DecodeContext, Decoder, decode_all
+from cdc_apply.decode import debezium_common as dc
 from cdc_apply.decode.debezium_common import PLACEHOLDER, PLACEHOLDER_B64
 from cdc_apply.decode.debezium_postgres import DebeziumPostgresDecoder, parse_sequence
 from cdc_apply.model import ChangeEvent, DecodeError, Op, Quarantined, RawMessage, Skipped
@@ -217,6 +220,22 @@ def test_decimal(unscaled, scale, precision, expected_type, expected) -> None:
     ev = one_event(message({"id": 1, "amount": b64_unscaled(unscaled)}, [ID, dec_field("amount", scale, precision)]))
     assert ev.after["amount"] == expected
     assert ev.columns[1].type == expected_type
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_decimal_shortcut_equals_the_decimal_path(data) -> None:
+    """The no-Decimal shortcut for in-range decimal(p,s) values gives exactly
+    the text of ``canonical(type, Decimal(unscaled).scaleb(-s))``."""
+    precision = data.draw(st.integers(1, 38))
+    scale = data.draw(st.integers(0, precision))
+    unscaled = data.draw(st.integers(-(10**precision) + 1, 10**precision - 1) | st.integers(-300, 300))
+    raw = b64_unscaled(unscaled)
+    exact = dc._decimal_from_bytes(raw, scale, "c")
+    assert dc._scaled_text(dc._unscaled(raw, "c"), scale) == f"{exact:f}"
+    spec = dc.field_spec(dec_field("c", scale, precision))
+    if abs(unscaled) < 10**precision:
+        assert dc.convert_value(spec, raw, []) == dc.canonical(spec.spark_type, exact)
 
 
 def test_decimal_that_does_not_fit_is_quarantined() -> None:

@@ -61,6 +61,7 @@ from ..model import (
     Outcome,
     RawMessage,
     Skipped,
+    INT_RANGES,
     canonical_value,
     decimal_type,
 )
@@ -74,6 +75,7 @@ _WRAPPER_KEYS = frozenset(
 )
 _EPOCH = dt.datetime(1970, 1, 1)
 _BAD_IDENT = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+_CHECKED_NAMES: set[str] = set()
 
 
 class _NotPresent:
@@ -113,6 +115,8 @@ def load_json(text: str | bytes, what: str = "message") -> Any:
 def check_identifier(name: Any, what: str) -> str:
     """Names come from the message: refuse non-strings, empty names, control
     characters and absurd lengths before they get anywhere near SQL."""
+    if type(name) is str and name in _CHECKED_NAMES:
+        return name
     if not isinstance(name, str):
         raise DecodeError(f"{what} name must be a string, got {name!r}")
     if not name.strip():
@@ -121,6 +125,8 @@ def check_identifier(name: Any, what: str) -> str:
         raise DecodeError(f"{what} name longer than 256 characters: {name[:40]!r}...")
     if _BAD_IDENT.search(name):
         raise DecodeError(f"{what} name contains a control character: {name!r}")
+    if len(_CHECKED_NAMES) < 10_000:  # the same few names recur in every message
+        _CHECKED_NAMES.add(name)
     return name
 
 
@@ -206,6 +212,7 @@ class FieldSpec:
     kind: str  # 'plain', 'decimal', 'vsdecimal', 'date', 'time', 'timestamp', 'zoned', 'json'
     literal: str
     scale: int = 0
+    precision: int = 0  # of a decimal(p, scale) column with scale >= 0 (0: not such a column)
     units: int = 1
     note: str | None = None
 
@@ -247,7 +254,7 @@ def field_spec(entry: dict[str, Any]) -> FieldSpec:
             p = as_int(precision, "precision") - scale if precision is not None else 38
             return FieldSpec(col, decimal_type(min(p, 38), 0), nullable, "decimal", literal, scale=scale)
         p = as_int(precision, f"column {col} decimal precision") if precision is not None else 38
-        return FieldSpec(col, decimal_type(p, scale), nullable, "decimal", literal, scale=scale)
+        return FieldSpec(col, decimal_type(p, scale), nullable, "decimal", literal, scale=scale, precision=p)
     if logical == "io.debezium.data.VariableScaleDecimal":
         return FieldSpec(
             col, "string", nullable, "vsdecimal", literal,
@@ -282,10 +289,23 @@ def struct_fields(schema: Any, what: str) -> list[FieldSpec]:
     return specs
 
 
+@dataclass(frozen=True)
+class RowShape:
+    """What a row schema tells every message that carries it (shared, read-only)."""
+
+    specs: dict[str, FieldSpec]
+    notes: tuple[str, ...]
+    columns: tuple[Column, ...]
+
+    @classmethod
+    def of(cls, specs: list[FieldSpec]) -> RowShape:
+        return cls({s.name: s for s in specs}, tuple(s.note for s in specs if s.note), tuple(s.column() for s in specs))
+
+
 @functools.lru_cache(maxsize=512)
-def _row_specs_cached(sub_json: bytes) -> tuple[FieldSpec, ...]:
+def _row_shape_cached(sub_json: bytes) -> RowShape:
     """Every message of a table repeats the same row schema: map it once."""
-    return tuple(struct_fields(orjson.loads(sub_json), "row"))
+    return RowShape.of(struct_fields(orjson.loads(sub_json), "row"))
 
 
 def envelope_field(schema: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
@@ -319,10 +339,24 @@ def json_text(value: Any) -> str:
 
 
 def canonical(spark_type: str, value: Any) -> str | None:
-    """``canonical_value`` under a wide decimal context: the default 28-digit
-    context would round 29..38-digit decimals while checking their range."""
-    if isinstance(value, (dict, list)) and spark_type == "string":
+    """``canonical_value``, with short cuts for the values most columns hold
+    (text into string, in-range int into an integer type, bool into boolean:
+    the same text ``canonical_value`` gives) and decimals under a wide decimal
+    context: the default 28-digit one would round 29..38-digit decimals while
+    checking their range."""
+    t = type(value)
+    if t is str and spark_type == "string":
+        return value
+    if t is int:
+        bounds = INT_RANGES.get(spark_type)
+        if bounds is not None and bounds[0] <= value <= bounds[1]:
+            return str(value)
+    elif t is bool and spark_type == "boolean":
+        return "true" if value else "false"
+    elif (t is dict or t is list) and spark_type == "string":
         return json_text(value)
+    if not spark_type.startswith("decimal"):
+        return canonical_value(spark_type, value)
     with decimal.localcontext() as ctx:
         ctx.prec = 100
         return canonical_value(spark_type, value)
@@ -333,14 +367,28 @@ def _decimal_from_bytes(raw: Any, scale: int, col: str) -> decimal.Decimal:
         if isinstance(raw, (int, decimal.Decimal)):  # decimal.format=NUMERIC
             return decimal.Decimal(raw)
         raise DecodeError(f"column {col}: decimal must be base64 text, got {raw!r}")
+    return decimal.Decimal(_unscaled(raw, col)).scaleb(-scale, context=decimal.Context(prec=1000))
+
+
+def _unscaled(raw: str, col: str) -> int:
+    """The unscaled integer of a Connect decimal: big-endian two's complement, base64."""
     try:
         data = base64.b64decode(raw, validate=True)
     except (ValueError, TypeError) as exc:
         raise DecodeError(f"column {col}: invalid base64 decimal {raw!r}") from exc
     if not data:
         raise DecodeError(f"column {col}: empty decimal bytes")
-    unscaled = int.from_bytes(data, "big", signed=True)
-    return decimal.Decimal(unscaled).scaleb(-scale, context=decimal.Context(prec=1000))
+    return int.from_bytes(data, "big", signed=True)
+
+
+def _scaled_text(unscaled: int, scale: int) -> str:
+    """``f"{Decimal(unscaled).scaleb(-scale):f}"`` for scale >= 0, without Decimal."""
+    digits = str(abs(unscaled))
+    sign = "-" if unscaled < 0 else ""
+    if scale == 0:
+        return sign + digits
+    digits = digits.rjust(scale + 1, "0")
+    return f"{sign}{digits[:-scale]}.{digits[-scale:]}"
 
 
 def _time_text(n: int, units: int, col: str) -> str:
@@ -373,6 +421,10 @@ def convert_value(spec: FieldSpec | None, raw: Any, notes: list[str]) -> Any:
         return canonical("string", raw)
     col = spec.name
     if spec.kind == "decimal":
+        if spec.precision and type(raw) is str:  # the usual case: no Decimal arithmetic needed
+            unscaled = _unscaled(raw, col)
+            if -(10**spec.precision) < unscaled < 10**spec.precision:
+                return _scaled_text(unscaled, spec.scale)
         d = _decimal_from_bytes(raw, spec.scale, col)
         return canonical(spec.spark_type, d)
     if spec.kind == "vsdecimal":
@@ -574,12 +626,12 @@ class DebeziumDecoder(Decoder):
         notes: list[str] = []
         database, schema, table = self.table_name(source)
         position = self.position(source, payload, notes)
-        specs_list = self.row_specs(rec.schema)
-        specs = {s.name: s for s in specs_list} if specs_list is not None else None
-        if specs_list is None:
+        shape = self.row_shape(rec.schema)
+        specs = shape.specs if shape is not None else None
+        if shape is None:
             notes.append("no schema: values typed from JSON, columns unknown")
         else:
-            notes.extend(s.note for s in specs_list if s.note)
+            notes.extend(shape.notes)
 
         after = convert_row(payload.get("after"), specs, notes, "after")
         before = convert_row(payload.get("before"), specs, notes, "before")
@@ -609,7 +661,7 @@ class DebeziumDecoder(Decoder):
                 after=after,
                 position=position,
                 before=before,
-                columns=[s.column() for s in specs_list] if specs_list is not None else None,
+                columns=list(shape.columns) if shape is not None else None,
                 tx_id=self.tx_id(source, payload),
                 commit_ts_us=commit_ts_us(source),
                 file=msg.file,
@@ -628,7 +680,7 @@ class DebeziumDecoder(Decoder):
         return database, schema, table
 
     @staticmethod
-    def row_specs(schema: dict[str, Any] | None) -> list[FieldSpec] | None:
+    def row_shape(schema: dict[str, Any] | None) -> RowShape | None:
         """Field specs of the row struct (the envelope's 'after', else 'before')."""
         if schema is None:
             return None
@@ -638,8 +690,8 @@ class DebeziumDecoder(Decoder):
         try:
             key = orjson.dumps(sub, option=orjson.OPT_SORT_KEYS)
         except TypeError:  # e.g. Decimal defaults: not worth caching
-            return struct_fields(sub, "row")
-        return list(_row_specs_cached(key))
+            return RowShape.of(struct_fields(sub, "row"))
+        return _row_shape_cached(key)
 
     def resolve_key(
         self,

@@ -16,6 +16,8 @@ Every input row ends in exactly one bucket of ``Accounting``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
@@ -171,13 +173,30 @@ def merge_source(folded: DataFrame, key_cols: list[str], columns: dict[str, str]
     )
 
 
-def accounting(labelled: DataFrame, folded: DataFrame) -> tuple[dict[str, int], tuple[str | None, str | None]]:
-    """Counts per bucket (every event is in exactly one) and the batch's
-    position range, in two Spark jobs."""
-    per_label = labelled.groupBy("_cdc_label").agg(F.count(F.lit(1)).alias("n"), F.min(META_POS).alias("lo"), F.max(META_POS).alias("hi")).collect()
+class Accounting(NamedTuple):
+    counts: dict[str, int]
+    position_min: str | None
+    position_max: str | None
+    null_keys: int
+    """events without a value for a key column: the caller refuses the table"""
+
+
+def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str]) -> Accounting:
+    """Counts per bucket (every event is in exactly one), the batch's position
+    range and the events without a key value, in two Spark jobs."""
+    per_label = (
+        labelled.groupBy("_cdc_label")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.min(META_POS).alias("lo"),
+            F.max(META_POS).alias("hi"),
+            F.count(F.when(null_key_filter(key_cols), 1)).alias("null_keys"),
+        )
+        .collect()
+    )
     by_label = {r["_cdc_label"]: r["n"] for r in per_label}
     lows, highs = [r["lo"] for r in per_label if r["lo"] is not None], [r["hi"] for r in per_label if r["hi"] is not None]
-    position_range = (min(lows, default=None), max(highs, default=None))
+    null_keys = sum(r["null_keys"] for r in per_label)
     agg = folded.agg(
         F.sum(F.when((F.col("_cdc_action") == "upsert") & ~F.col("_cdc_stored_live"), 1).otherwise(0)).alias("inserted"),
         F.sum(F.when((F.col("_cdc_action") == "upsert") & F.col("_cdc_stored_live"), 1).otherwise(0)).alias("updated"),
@@ -192,6 +211,6 @@ def accounting(labelled: DataFrame, folded: DataFrame) -> tuple[dict[str, int], 
     counts["superseded"] = int(by_label.get(SUPERSEDED, 0)) + counts.pop("compacted")
     applied_events = int(by_label.get(APPLY, 0))
     final = counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop_deletes"]
-    if applied_events != final + (counts["superseded"] - int(by_label.get(SUPERSEDED, 0))):
+    if not null_keys and applied_events != final + (counts["superseded"] - int(by_label.get(SUPERSEDED, 0))):
         raise AssertionError(f"accounting does not add up: {applied_events} events vs {counts}")
-    return counts, position_range
+    return Accounting(counts, min(lows, default=None), max(highs, default=None), null_keys)

@@ -190,6 +190,7 @@ def apply_decoded(
                 F.count(F.lit(1)).alias("n"),
                 F.bool_and(F.col("op") == "t").alias("only_truncates"),
                 F.max(F.when(F.col("op") == "t", F.col("position"))).alias("max_truncate"),
+                F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
             )
             .collect()
         )
@@ -318,14 +319,14 @@ def _apply_table(
         else:
             tr.schema_changes += tables.evolve(spark, spec)
 
-        truncs = ev.where("op = 't'").agg(F.max("position").alias("p"), F.count(F.lit(1)).alias("n")).collect()[0]
+        if len(new_files) < len(files):  # some files were applied to this table already: count the rest
+            truncs = ev.where("op = 't'").agg(F.max("position").alias("p"), F.count(F.lit(1)).alias("n")).collect()[0]
+        else:
+            truncs = {"p": meta["max_truncate"], "n": meta["truncates"]}
         truncated_at = max([p for p in (truncs["p"], led.truncated_at if led else None, truncates.get(table_key)) if p], default=None)
         rows = ev.where("op <> 't'")
         key_types = {k: spec.columns[k] for k in spec.key_columns}
         prepared = compact.prepare_events(rows, key_types)
-        null_keys = prepared.where(compact.null_key_filter(spec.key_columns)).count()
-        if null_keys:
-            raise ConfigError(f"{spec.identifier}: {null_keys} event(s) carry no value for key column(s) {spec.key_columns}")
         merge.reset_branch(spark, spec, branch)
         start_snapshot = merge.branch_snapshot(spark, spec, branch)
         main_df = merge.read_branch(spark, spec, "main")
@@ -337,7 +338,9 @@ def _apply_table(
         labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at).persist()
         folded = compact.fold_per_key(labelled, spec.key_columns).persist()
         try:
-            counts, (tr.position_min, tr.position_max) = compact.accounting(labelled, folded)
+            counts, tr.position_min, tr.position_max, null_keys = compact.accounting(labelled, folded, spec.key_columns)
+            if null_keys:  # before anything is merged: the branch is reset by the next attempt
+                raise ConfigError(f"{spec.identifier}: {null_keys} event(s) carry no value for key column(s) {spec.key_columns}")
             counts["truncates"] = int(truncs["n"])
             tr.counts = counts
             if truncs["p"] and (tr.position_max is None or truncs["p"] > tr.position_max):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cdc_apply.config import SourceConfig
-from cdc_apply.maintenance import Retention, maintain_source, maintain_table
+from cdc_apply import ledger
+from cdc_apply.maintenance import Retention, maintain_audit, maintain_source, maintain_table
 from tests.apply_harness import apply_events, event
 
 pytestmark = pytest.mark.spark
@@ -59,3 +60,27 @@ def test_a_batch_waits_while_maintenance_holds_the_table(spark, settings):
     report = maintain_table(spark, settings, ident, Retention(snapshot_days=0, tombstone_days=0))
     assert "skipped" not in report and "rewrite_data_files" in report
     assert {x[0] for x in spark.sql(f"SELECT name FROM {ident}.refs").collect()} == {"main"}  # lock released
+
+
+def test_audit_tables_are_compacted_and_keep_every_row(spark, settings):
+    """One small commit per batch would make every hourly run read more than
+    the last: maintenance compacts the ledger, and loses no row of it."""
+    ns = "maint_audit"
+    for i in range(3):
+        apply_events(spark, settings, ns, [event("c", i, {"name": "x", "amount": "1.00"}, pos=10 + i)])
+    ident = f"{settings.catalog_name}.{settings.audit_namespace}.batches"
+
+    def ledger_rows():
+        return sorted(tuple(r) for r in spark.sql(f"SELECT batch_id, table_name, status, to_json(files) FROM {ident}").collect())
+
+    rows, applied = ledger_rows(), ledger.applied_files(settings, ns)
+    assert len(applied) == 3
+    assert spark.sql(f"SELECT count(*) FROM {ident}.files").collect()[0][0] >= 3
+    snaps_before = spark.sql(f"SELECT count(*) FROM {ident}.snapshots").collect()[0][0]
+    [report, *_] = maintain_audit(spark, settings, Retention(snapshot_days=0, retain_last=1))
+    assert report["table"] == ident and report["rewrite_data_files"]["rewritten_data_files_count"] >= 3
+    assert spark.sql(f"SELECT count(*) FROM {ident}.files").collect()[0][0] == 1
+    assert spark.sql(f"SELECT count(*) FROM {ident}.snapshots").collect()[0][0] < snaps_before  # expired (rows kept)
+    assert ledger_rows() == rows and ledger.applied_files(settings, ns) == applied  # Spark and pyiceberg read the same rows
+    r = apply_events(spark, settings, ns, [event("c", 9, {"name": "y", "amount": "2.00"}, pos=20)])  # and the ledger goes on
+    assert r.status == "complete" and len(ledger.applied_files(settings, ns)) == 4

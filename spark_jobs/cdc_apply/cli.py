@@ -143,13 +143,14 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
-    from .maintenance import Retention, maintain_source
+    from .maintenance import Retention, maintain_audit, maintain_source
     from .spark_session import get_spark
 
     spark = get_spark(settings, app_name="cdc-maintenance")
     retention = Retention.from_env(args.snapshot_retention_days, args.tombstone_retention_days)
     sources = [get_source(settings, args.source)] if args.source else list(load_sources(settings).values())
     out = [r for src in sources for r in maintain_source(spark, settings, src, retention)]
+    out += maintain_audit(spark, settings, retention)
     print(json.dumps(out, indent=2, default=str))
     return 0
 

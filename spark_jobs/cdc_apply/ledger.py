@@ -222,7 +222,24 @@ def record_batch(settings: Settings, result) -> None:
         }
     )
     batches, _ = _arrow_schemas()
-    catalog.load_table(f"{settings.audit_namespace}.{BATCHES_TABLE}").append(pa.Table.from_pylist(rows, schema=batches))
+    _append(catalog, f"{settings.audit_namespace}.{BATCHES_TABLE}", pa.Table.from_pylist(rows, schema=batches))
+
+
+def _append(catalog, identifier: str, data, attempts: int = 5) -> None:
+    """Append, on a freshly loaded table each try: a commit that lost the race
+    (e.g. to the maintenance's compaction of the audit tables) was not made."""
+    import time
+
+    from pyiceberg.exceptions import CommitFailedException
+
+    for attempt in range(1, attempts + 1):
+        try:
+            catalog.load_table(identifier).append(data)
+            return
+        except CommitFailedException:
+            if attempt == attempts:
+                raise
+            time.sleep(0.2 * attempt)
 
 
 def fast_forward(catalog, identifier: str, branch: str) -> int:

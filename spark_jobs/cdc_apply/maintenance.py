@@ -8,8 +8,15 @@ alone: maintenance never commits under an in-flight batch.
 
 Retention and the ledger: the per-table ledger lives in snapshot summaries,
 so expiring snapshots forgets which files the *table* saw before the
-retention; discovery reads ``cdc_audit.batches`` (never expired), and a batch
-re-run after the retention is still a no-op by position.  Keep
+retention; discovery reads the rows of ``cdc_audit.batches`` (never deleted),
+and a batch re-run after the retention is still a no-op by position.
+
+The audit tables themselves (``batches``, ``quarantine``) get one small
+commit per batch: without compaction every hourly run would read one more
+file and one more manifest than the last (measured: reading the decoder state
+took 1.1 s after 250 batches, 4.3 s after 1 000, growing linearly), so
+:func:`maintain_audit` compacts them, rewrites their manifests and expires
+their old snapshots; rows are never removed.  Keep
 ``snapshot_retention_days`` above the longest delay after which you would
 re-run a batch, and ``tombstone_retention_days`` above the longest delivery
 delay of the source (a late event older than a purged delete would resurrect
@@ -92,27 +99,55 @@ def maintain_table(spark: SparkSession, settings: Settings, identifier: str, ret
         spark.sql(f"ALTER TABLE {identifier} DROP BRANCH IF EXISTS {MAINTENANCE_BRANCH}")
 
 
+def _call(spark: SparkSession, identifier: str, procedure: str, args: str = "") -> list:
+    """``CALL <catalog>.system.<procedure>(table => '<catalog.ns.table>', ...)``."""
+    catalog = identifier.split(".", 1)[0]
+    return spark.sql(f"CALL {catalog}.system.{procedure}(table => '{identifier}'{', ' + args if args else ''})").collect()
+
+
+def _compact(spark: SparkSession, identifier: str) -> dict:
+    return _call(spark, identifier, "rewrite_data_files", "options => map('min-input-files', '2')")[0].asDict()
+
+
+def _expire(spark: SparkSession, identifier: str, retention: Retention) -> dict:
+    args = f"older_than => TIMESTAMP '{_ts(retention.snapshot_days)}', retain_last => {retention.retain_last}"
+    return _call(spark, identifier, "expire_snapshots", args)[0].asDict()
+
+
 def _procedures(spark: SparkSession, identifier: str, retention: Retention) -> dict:
-    catalog, ns_table = identifier.split(".", 1)
     report: dict = {}
     purged = spark.sql(
         f"DELETE FROM {identifier} WHERE _cdc_deleted AND _cdc_applied_at < TIMESTAMP '{_ts(retention.tombstone_days)}'"
     )
     report["tombstones_purged"] = purged.collect() if purged.columns else None
-    report["rewrite_data_files"] = spark.sql(
-        f"CALL {catalog}.system.rewrite_data_files(table => '{ns_table}', options => map('min-input-files', '2'))"
-    ).collect()[0].asDict()
-    report["rewrite_position_delete_files"] = spark.sql(
-        f"CALL {catalog}.system.rewrite_position_delete_files(table => '{ns_table}')"
-    ).collect()[0].asDict()
-    report["expire_snapshots"] = spark.sql(
-        f"CALL {catalog}.system.expire_snapshots(table => '{ns_table}', older_than => TIMESTAMP '{_ts(retention.snapshot_days)}', "
-        f"retain_last => {retention.retain_last})"
-    ).collect()[0].asDict()
-    report["remove_orphan_files"] = len(
-        spark.sql(f"CALL {catalog}.system.remove_orphan_files(table => '{ns_table}', older_than => TIMESTAMP '{_ts(retention.orphan_days)}')").collect()
-    )
+    report["rewrite_data_files"] = _compact(spark, identifier)
+    report["rewrite_position_delete_files"] = _call(spark, identifier, "rewrite_position_delete_files")[0].asDict()
+    report["expire_snapshots"] = _expire(spark, identifier, retention)
+    report["remove_orphan_files"] = len(_call(spark, identifier, "remove_orphan_files", f"older_than => TIMESTAMP '{_ts(retention.orphan_days)}'"))
     return report
+
+
+def maintain_audit(spark: SparkSession, settings: Settings, retention: Retention = Retention()) -> list[dict]:
+    """Compact the audit tables (data files and manifests) and expire their
+    old snapshots.  Safe beside running batches: they only append, and a
+    rewrite commits over concurrent appends (the ledger's append retries if
+    it loses the race)."""
+    from .ledger import BATCHES_TABLE, QUARANTINE_TABLE
+
+    reports = []
+    for name in (BATCHES_TABLE, QUARANTINE_TABLE):
+        identifier = f"{settings.catalog_name}.{settings.audit_namespace}.{name}"
+        if not spark.catalog.tableExists(identifier):
+            continue
+        report = {
+            "table": identifier,
+            "rewrite_data_files": _compact(spark, identifier),
+            "rewrite_manifests": _call(spark, identifier, "rewrite_manifests")[0].asDict(),
+            "expire_snapshots": _expire(spark, identifier, retention),
+        }
+        reports.append(report)
+        log.info("maintenance: %s", report)
+    return reports
 
 
 def maintain_source(spark: SparkSession, settings: Settings, source: SourceConfig, retention: Retention = Retention()) -> list[dict]:

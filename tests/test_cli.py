@@ -32,3 +32,41 @@ def test_apply_a_directory_then_nothing_to_do(spark, settings, tmp_path, monkeyp
 
     assert cli.main(["apply", "--source", "cli_dir", "--dir", str(folder)]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "nothing-to-do"
+
+
+def test_discovery_reads_only_new_files_and_refuses_changed_applied_ones(spark, settings, tmp_path, monkeypatch):
+    """Applied files are checked by size (a listing), not read again every
+    hour; a size change is refused by name; a same-size rewrite is caught
+    with CDC_VERIFY_APPLIED=sha256."""
+    import dataclasses
+
+    from cdc_apply import archive, job
+    from cdc_apply.archive import write_jsonl
+    from cdc_apply.config import get_source
+    from cdc_apply.demo import demo_changes
+    from cdc_apply.errors import AlreadyAppliedFileChanged
+
+    sources = tmp_path / "sources.yaml"
+    sources.write_text("sources:\n  verify:\n    format: debezium_postgres\n    namespace: verify\n    tables:\n      public.customers: {primary_key: [id]}\n")
+    s = dataclasses.replace(settings, sources_file=sources, archive_dir=str(tmp_path / "archive"))
+    folder = tmp_path / "archive" / "verify"
+    hours = demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+    applied = [write_jsonl(folder / f"{h:%Y/%m/%d/%H}" / "customers.jsonl", lines) for h, lines in hours.items()]
+    assert job.run_batch(s, "verify", spark=spark).status == "complete"
+    new = write_jsonl(folder / "2026/01/02/00" / "customers.jsonl", next(iter(hours.values())))
+
+    read: list[str] = []
+    real = archive.sha256_of
+    monkeypatch.setattr(archive, "sha256_of", lambda p: read.append(str(p)) or real(p))
+    src = get_source(s, "verify")
+    assert [f.path for f in job.pending_files(s, src)] == [str(new)] and read == [str(new)]
+
+    original = applied[0].read_bytes()
+    applied[0].write_bytes(original + b"\n")  # grew: refused, by name
+    with pytest.raises(AlreadyAppliedFileChanged, match=str(applied[0])):
+        job.pending_files(s, src)
+    applied[0].write_bytes(original.replace(b'"op":"c"', b'"op":"u"', 1))  # same size, other content
+    assert len(applied[0].read_bytes()) == len(original) and applied[0].read_bytes() != original
+    assert [f.path for f in job.pending_files(s, src)] == [str(new)]  # the size check cannot see it
+    with pytest.raises(AlreadyAppliedFileChanged, match=str(applied[0])):
+        job.pending_files(dataclasses.replace(s, verify_applied="sha256"), src)

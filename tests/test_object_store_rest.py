@@ -129,6 +129,11 @@ def test_list_object_files_maps_hours_and_fingerprints(stack):
     later = list_object_files(f"{ARCHIVE}/{SOURCE}", since=START + dt.timedelta(hours=1), until=START + dt.timedelta(hours=2), filesystem=fs)
     assert [f.hour for f in later] == [START + dt.timedelta(hours=1)]
     assert list_object_files(f"{ARCHIVE}/no_such_source", filesystem=fs) == []
+    # applied objects of unchanged size keep their recorded fingerprint (not downloaded again); a resized one is read
+    first, second = files[0], files[1]
+    known = {first.path: (first.size, "recorded"), second.path: (second.size + 1, "recorded")}
+    again = {f.path: f.sha256 for f in list_object_files(f"{ARCHIVE}/{SOURCE}", filesystem=fs, known=known)}
+    assert again[first.path] == "recorded" and again[second.path] == second.sha256
 
 
 def test_apply_from_s3_archive_into_rest_catalog_on_s3(stack):

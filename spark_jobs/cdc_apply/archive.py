@@ -23,7 +23,7 @@ import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from .model import RawMessage
 
@@ -86,13 +86,26 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def list_files(root: str | Path, *, until: dt.datetime | None = None, since: dt.datetime | None = None) -> list[ArchiveFile]:
+Known = Mapping[str, tuple[int, str]]
+"""path -> (size, sha256) of files fingerprinted before (the applied ones)."""
+
+
+def known_sha256(known: Known | None, path: str, size: int) -> str | None:
+    """The recorded SHA-256 of ``path`` when its size is unchanged: an archive
+    is not read again every hour just to learn it did not change."""
+    entry = known.get(path) if known else None
+    return entry[1] if entry is not None and entry[0] == size else None
+
+
+def list_files(root: str | Path, *, until: dt.datetime | None = None, since: dt.datetime | None = None, known: Known | None = None) -> list[ArchiveFile]:
     """Archive files under ``root`` whose hour is in [since, until), oldest first.
-    ``s3://`` / ``s3a://`` roots are listed on the object store (same rules)."""
+    ``s3://`` / ``s3a://`` roots are listed on the object store (same rules).
+    Files in ``known`` with their recorded size keep their recorded SHA-256;
+    every other file is read and hashed."""
     from .storage import is_object_store_uri, list_object_files
 
     if is_object_store_uri(root):
-        return list_object_files(str(root), since=since, until=until)
+        return list_object_files(str(root), since=since, until=until, known=known)
     root = Path(str(root).removeprefix("file://"))
     if not root.exists():
         return []
@@ -105,7 +118,8 @@ def list_files(root: str | Path, *, until: dt.datetime | None = None, since: dt.
             continue
         if since is not None and hour < since:
             continue
-        out.append(ArchiveFile(hour=hour, path=str(path.resolve()), size=path.stat().st_size, sha256=sha256_of(path)))
+        resolved, size = str(path.resolve()), path.stat().st_size
+        out.append(ArchiveFile(hour=hour, path=resolved, size=size, sha256=known_sha256(known, resolved, size) or sha256_of(path)))
     return sorted(out)
 
 

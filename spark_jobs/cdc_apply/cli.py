@@ -87,8 +87,9 @@ def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
         from . import ledger
         from .archive import list_files
 
-        applied = ledger.applied_files(settings, source.name)
-        files = [f for f in list_files(Path(args.dir), since=_ts(args.since), until=_ts(args.until)) if applied.get(f.path) != f.sha256]
+        applied = ledger.applied_file_records(settings, source.name)
+        listed = list_files(Path(args.dir), since=_ts(args.since), until=_ts(args.until), known=applied if settings.verify_applied == "size" else None)
+        files = [f for f in listed if applied.get(f.path, (None, None))[1] != f.sha256]
     else:
         files = pending_files(settings, source, since=_ts(args.since), until=_ts(args.until))
     stages = ("write", "validate", "publish") if args.stage == "all" else ("write",)

@@ -69,6 +69,10 @@ class Settings:
     spark_master: str
     audit_namespace: str = "cdc_audit"
     extra_spark_conf: dict[str, str] = field(default_factory=dict)
+    verify_applied: str = "size"
+    """How discovery checks that applied files did not change: 'size' (a
+    listing; their SHA-256 is read only when the size differs) or 'sha256'
+    (every applied file is read again on every run)."""
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -83,6 +87,9 @@ class Settings:
         if catalog_type == "jdbc" and not catalog_uri.startswith("jdbc:sqlite:"):
             if not catalog_uri.startswith("jdbc:postgresql:"):
                 raise ConfigError(f"CDC_CATALOG_URI={catalog_uri!r}: a jdbc catalog needs jdbc:sqlite:<path> or jdbc:postgresql://...")
+        verify_applied = _env("CDC_VERIFY_APPLIED", "size").lower()
+        if verify_applied not in ("size", "sha256"):
+            raise ConfigError(f"CDC_VERIFY_APPLIED={verify_applied!r}: use 'size' or 'sha256'")
         extra = {}
         for key, value in os.environ.items():
             if key.startswith("CDC_SPARK_CONF_"):
@@ -100,6 +107,7 @@ class Settings:
             spark_master=_env("CDC_SPARK_MASTER", "local[*]"),
             audit_namespace=validate_identifier(_env("CDC_AUDIT_NAMESPACE", "cdc_audit"), "CDC_AUDIT_NAMESPACE"),
             extra_spark_conf=extra,
+            verify_applied=verify_applied,
         )
         return settings
 

@@ -41,9 +41,12 @@ def batch_id_for(source: str, files: list[ArchiveFile]) -> str:
 
 
 def pending_files(settings: Settings, source: SourceConfig, *, until: dt.datetime | None = None, since: dt.datetime | None = None) -> list[ArchiveFile]:
-    """Files of the source not yet applied (oldest first); refuses changed ones."""
-    files = list_files(source.archive_path(settings), until=until, since=since)
-    applied = ledger.applied_files(settings, source.name)
+    """Files of the source not yet applied (oldest first); refuses changed ones
+    (by size, or by SHA-256 with ``CDC_VERIFY_APPLIED=sha256``)."""
+    records = ledger.applied_file_records(settings, source.name)
+    known = records if settings.verify_applied == "size" else None
+    files = list_files(source.archive_path(settings), until=until, since=since, known=known)
+    applied = {path: sha for path, (_, sha) in records.items()}
     changed = [f.path for f in files if f.path in applied and applied[f.path] != f.sha256]
     if changed:
         raise AlreadyAppliedFileChanged(

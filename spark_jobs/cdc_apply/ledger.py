@@ -121,6 +121,11 @@ def read_table_ledger(settings: Settings, identifier: str, catalog=None) -> Tabl
 
 def applied_files(settings: Settings, source: str, catalog=None) -> dict[str, str]:
     """Files of the source's complete batches: path -> sha256."""
+    return {path: sha for path, (_, sha) in applied_file_records(settings, source, catalog).items()}
+
+
+def applied_file_records(settings: Settings, source: str, catalog=None) -> dict[str, tuple[int, str]]:
+    """Files of the source's complete batches: path -> (size, sha256)."""
     from pyiceberg.exceptions import NoSuchTableError
     from pyiceberg.expressions import And, EqualTo, In
 
@@ -133,10 +138,10 @@ def applied_files(settings: Settings, source: str, catalog=None) -> dict[str, st
         row_filter=And(EqualTo("source", source), And(EqualTo("table_name", "*"), In("status", APPLIED_STATUSES))),
         selected_fields=("files",),
     ).to_arrow().to_pylist()
-    out: dict[str, str] = {}
+    out: dict[str, tuple[int, str]] = {}
     for r in rows:
         for f in r["files"] or []:
-            out[f["path"]] = f["sha256"]
+            out[f["path"]] = (f["size"], f["sha256"])
     return out
 
 

@@ -204,17 +204,18 @@ def sha256_of_object(filesystem, key: str) -> str:
     return h.hexdigest()
 
 
-def list_object_files(root: str, *, since: dt.datetime | None = None, until: dt.datetime | None = None, filesystem=None):
+def list_object_files(root: str, *, since: dt.datetime | None = None, until: dt.datetime | None = None, filesystem=None, known=None):
     """Archive files under an ``s3://`` / ``s3a://`` prefix whose hour is in
     [since, until), oldest first — the object-store twin of
     ``archive.list_files`` with the same rules: archive suffixes only, names
     starting with '.' or '_' skipped, the hour from ``YYYY/MM/DD/HH/`` or
     ``dt=YYYY-MM-DD/hour=HH/`` in the path below ``root``, else from the
     object's modification time.  ``path`` keeps ``root``'s scheme (what Spark
-    reads); size and SHA-256 come from the object itself."""
+    reads); size and SHA-256 come from the object itself, or the SHA-256 from
+    ``known`` (see ``archive.list_files``)."""
     from pyarrow import fs as pafs
 
-    from .archive import SUFFIXES, ArchiveFile, hour_of
+    from .archive import SUFFIXES, ArchiveFile, hour_of, known_sha256
 
     scheme, prefix = split_uri(root)
     filesystem = filesystem or s3_filesystem()
@@ -237,5 +238,6 @@ def list_object_files(root: str, *, since: dt.datetime | None = None, until: dt.
             continue
         if since is not None and hour < since:
             continue
-        out.append(ArchiveFile(hour=hour, path=f"{scheme}://{info.path}", size=int(info.size), sha256=sha256_of_object(filesystem, info.path)))
+        path, size = f"{scheme}://{info.path}", int(info.size)
+        out.append(ArchiveFile(hour=hour, path=path, size=size, sha256=known_sha256(known, path, size) or sha256_of_object(filesystem, info.path)))
     return sorted(out)

@@ -57,7 +57,7 @@ def _emit_table(result, result_file: str, table: str) -> int:
 
 
 def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
-    from .job import finish_batch, pending_files, publish_batch, run_batch, validate_batch
+    from .job import finish_batch, list_with_applied, pending_files, publish_batch, run_batch, validate_batch
     from .results import Override, load_result
 
     if args.stage in ("validate", "publish", "finish"):
@@ -84,12 +84,8 @@ def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
 
         files = read_manifest(args.files_from)
     elif args.dir:
-        from . import ledger
-        from .archive import list_files
-
-        applied = ledger.applied_file_records(settings, source.name)
-        listed = list_files(Path(args.dir), since=_ts(args.since), until=_ts(args.until), known=applied if settings.verify_applied == "size" else None)
-        files = [f for f in listed if applied.get(f.path, (None, None))[1] != f.sha256]
+        listed, applied = list_with_applied(settings, source, Path(args.dir), since=_ts(args.since), until=_ts(args.until))
+        files = [f for f in listed if applied.get(f.path) != f.sha256]
     else:
         files = pending_files(settings, source, since=_ts(args.since), until=_ts(args.until))
     stages = ("write", "validate", "publish") if args.stage == "all" else ("write",)

@@ -70,3 +70,63 @@ def test_discovery_reads_only_new_files_and_refuses_changed_applied_ones(spark, 
     assert [f.path for f in job.pending_files(s, src)] == [str(new)]  # the size check cannot see it
     with pytest.raises(AlreadyAppliedFileChanged, match=str(applied[0])):
         job.pending_files(dataclasses.replace(s, verify_applied="sha256"), src)
+
+
+def test_damaged_archives_quarantine_their_unreadable_lines_and_apply_the_rest(spark, settings, tmp_path, monkeypatch, capsys):
+    """A truncated gzip file, a corrupt gzip member and a line that is not
+    UTF-8: each unreadable part is one quarantine row (file, line, reason);
+    the readable lines apply exactly as the same lines in clean files do."""
+    import gzip
+    import zlib
+
+    from cdc_apply import cli
+    from cdc_apply.demo import demo_changes
+
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(
+        "sources:\n"
+        + "".join(
+            f"  {name}:\n    format: debezium_postgres\n    namespace: {name}\n    quarantine_max_share: 1.0\n"
+            "    tables:\n      public.customers: {primary_key: [id]}\n"
+            for name in ("damaged", "clean")
+        )
+    )
+    monkeypatch.setenv("CDC_SOURCES_FILE", str(sources))
+    h0, h1, h2 = (lines for _, lines in sorted(demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)).items()))
+    damaged, clean = tmp_path / "damaged", tmp_path / "clean"
+
+    whole = gzip.compress(("\n".join(h0) + "\n").encode())
+    (damaged / "00").mkdir(parents=True)
+    (damaged / "00" / "a.jsonl.gz").write_bytes(whole[: len(whole) - 40])  # cut inside the last line's deflate data
+    corrupt = bytearray(gzip.compress(("\n".join(h1[2:]) + "\n").encode()))
+    corrupt[-8] ^= 0xFF  # the member's CRC no longer matches its lines
+    (damaged / "01").mkdir()
+    (damaged / "01" / "b.jsonl.gz").write_bytes(gzip.compress(("\n".join(h1[:2]) + "\n").encode()) + bytes(corrupt))
+    (damaged / "02").mkdir()
+    (damaged / "02" / "c.jsonl").write_bytes(("\n".join(h2[:2]) + "\n").encode() + b'{"not utf-8": "\xff"}\n' + h2[2].encode() + b"\n")
+
+    assert cli.main(["apply", "--source", "damaged", "--dir", str(damaged)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["status"] == "complete", result
+    q = spark.sql(
+        f"SELECT file, line, reason FROM {settings.catalog_name}.{settings.audit_namespace}.quarantine WHERE batch_id = '{result['batch_id']}'"
+    ).collect()
+    got = sorted((r["file"].rsplit("/", 1)[-1], r["line"], r["reason"].split(":")[0]) for r in q)
+    readable_h0 = zlib.decompressobj(31).decompress(whole[: len(whole) - 40]).decode().split("\n")[:-1]  # what zlib can read
+    assert 0 < len(readable_h0) < len(h0)
+    assert got == [("a.jsonl.gz", len(readable_h0) + 1, "truncated gzip file"), ("b.jsonl.gz", 3, "corrupt gzip file"), ("c.jsonl", 3, "line is not UTF-8")]
+    assert result["messages"]["read"] == len(readable_h0) + 1 + 2 + 1 + 3 + 1
+
+    (clean / "00").mkdir(parents=True)
+    (clean / "00" / "a.jsonl").write_text("\n".join(readable_h0) + "\n")
+    (clean / "01").mkdir()
+    (clean / "01" / "b.jsonl").write_text("\n".join(h1[:2]) + "\n")
+    (clean / "02").mkdir()
+    (clean / "02" / "c.jsonl").write_text("\n".join(h2) + "\n")
+    assert cli.main(["apply", "--source", "clean", "--dir", str(clean)]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "complete"
+
+    def rows(ns):
+        return {tuple(r) for r in spark.table(f"{settings.catalog_name}.{ns}.customers").drop("_cdc_batch_id", "_cdc_applied_at").collect()}
+
+    assert rows("damaged") == rows("clean") and rows("clean")

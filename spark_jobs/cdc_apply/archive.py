@@ -18,14 +18,18 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import hashlib
+import io
 import json
 import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterable, Iterator, Mapping, Union
 
 from .model import RawMessage
+
+if TYPE_CHECKING:
+    from .storage import S3Options
 
 _HOUR_PATTERNS = (
     re.compile(r"(?P<y>\d{4})/(?P<m>\d{2})/(?P<d>\d{2})/(?P<h>\d{2})(?:/|$)"),
@@ -135,47 +139,157 @@ def fingerprint(path: Path) -> ArchiveFile:
     return ArchiveFile(hour=local_hour(path), path=str(path.resolve()), size=path.stat().st_size, sha256=sha256_of(path))
 
 
-def iter_lines(path: str, content: bytes) -> Iterator[RawMessage | tuple[int, str, str]]:
-    """Split a file's bytes into messages, 1-based line numbers.
+CHUNK_BYTES = 1 << 20
 
-    gzip is recognised by its magic bytes.  A truncated or corrupt gzip stream
-    yields every complete line before the damage, then one ``(line, raw,
-    reason)`` tuple for the damaged tail, which the caller quarantines.  Lines
-    that are not UTF-8 are reported the same way.
+
+def open_archive(path: str, s3: "S3Options | None" = None) -> BinaryIO:
+    """A binary stream of an archive file's stored bytes: a local path (or
+    ``file:`` URI), or an ``s3://`` / ``s3a://`` object read with pyarrow
+    (``s3``: the store's endpoint and region, from the driver)."""
+    from .storage import S3Options, is_object_store_uri, s3_filesystem, split_uri
+
+    if is_object_store_uri(path):
+        return s3_filesystem(s3 or S3Options.from_env()).open_input_stream(split_uri(path)[1], compression=None)
+    return open(local_path(path), "rb")
+
+
+def local_path(uri: str) -> str:
+    """``file:/x`` and ``file:///x`` -> ``/x``; anything else unchanged."""
+    return uri[len("file:"):] if uri.startswith("file:") and not uri.startswith("file://") else uri.removeprefix("file://")
+
+
+Source = Union[bytes, Callable[[], BinaryIO]]
+"""A file's stored bytes, or a function opening them (gzip is read twice)."""
+_GZIP = 16 + zlib.MAX_WBITS
+_MEMBER_END = None  # marks a gzip member whose CRC and length checked out
+
+
+def iter_lines(path: str, source: Source, chunk_bytes: int = CHUNK_BYTES) -> Iterator[RawMessage | tuple[int, str, str]]:
+    """Split a file into messages, 1-based line numbers, reading it in chunks
+    (memory holds a chunk and the line being read, never the whole file).
+
+    gzip is recognised by its magic bytes and checked in a first pass, because
+    gzip proves a member intact only at its end: a corrupt member yields none
+    of its lines (they may be garbage), a truncated stream yields the lines
+    before the cut.  The unreadable rest is one ``(line, raw, reason)`` tuple,
+    which the caller quarantines.  Lines that are not UTF-8 are reported the
+    same way.
     """
-    data = content
-    tail_error = None
-    if content[:2] == b"\x1f\x8b":
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        chunks = []
-        try:
-            pos = 0
-            while pos < len(content):
-                chunks.append(d.decompress(content[pos : pos + (1 << 20)]))
-                pos += 1 << 20
-                if d.eof and d.unused_data:
-                    # concatenated gzip members
-                    rest = d.unused_data
-                    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                    chunks.append(d.decompress(rest))
-            if not d.eof:
-                tail_error = "truncated gzip file: the stream ends before its end marker"
-        except zlib.error as exc:
-            tail_error = f"corrupt gzip file: {exc}"
-        data = b"".join(chunks)
-    lines = data.split(b"\n")
-    complete = lines if tail_error is None else lines[:-1]
-    for number, raw in enumerate(complete, start=1):
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        if not raw.strip():
+    open_stream = (lambda: io.BytesIO(source)) if isinstance(source, (bytes, bytearray)) else source
+    with open_stream() as stream:
+        head = stream.read(chunk_bytes)
+        while 0 < len(head) < 2:  # the gzip magic needs two bytes; a read may return fewer
+            more = stream.read(chunk_bytes)
+            if not more:
+                break
+            head += more
+        if head[:2] != b"\x1f\x8b":
+            yield from _split(path, _chunks(head, stream, chunk_bytes))
+            return
+        good, damage = _gzip_extent(_chunks(head, stream, chunk_bytes))
+    with open_stream() as stream:
+        yield from _split(path, _readable(_inflate(_chunks(stream.read(chunk_bytes), stream, chunk_bytes)), good), damage)
+
+
+def _split(path: str, chunks: Iterable[bytes], damage: str | None = None) -> Iterator[RawMessage | tuple[int, str, str]]:
+    number = 0
+    pieces: list[bytes] = []  # the line being read, when it spans chunks
+    for chunk in chunks:
+        cut = chunk.find(b"\n")
+        if cut < 0:
+            pieces.append(chunk)
             continue
-        try:
-            yield RawMessage(path, number, raw.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            yield (number, raw.decode("utf-8", "replace"), f"line is not UTF-8: {exc}")
-    if tail_error is not None:
-        yield (len(lines), lines[-1].decode("utf-8", "replace"), tail_error)
+        pieces.append(chunk[:cut])
+        lines = chunk[cut + 1 :].split(b"\n")
+        lines[0:0] = [b"".join(pieces)]
+        pieces = [lines.pop()]
+        for raw in lines:
+            number += 1
+            item = _message(path, number, raw)
+            if item is not None:
+                yield item
+    tail = b"".join(pieces)
+    if damage is not None:
+        yield (number + 1, tail.decode("utf-8", "replace"), damage)
+        return
+    item = _message(path, number + 1, tail)
+    if item is not None:
+        yield item
+
+
+def _message(path: str, number: int, raw: bytes) -> RawMessage | tuple[int, str, str] | None:
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    if not raw.strip():
+        return None
+    try:
+        return RawMessage(path, number, raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return (number, raw.decode("utf-8", "replace"), f"line is not UTF-8: {exc}")
+
+
+def _chunks(first: bytes, stream: BinaryIO, size: int) -> Iterator[bytes]:
+    chunk = first
+    while chunk:
+        yield chunk
+        chunk = stream.read(size)
+
+
+class _Truncated(Exception):
+    pass
+
+
+def _inflate(chunks: Iterable[bytes]) -> Iterator[bytes | None]:
+    """Decompressed pieces of a gzip stream (concatenated members too), and
+    ``_MEMBER_END`` after each member that checked out.  Raises ``zlib.error``
+    on corruption, ``_Truncated`` when the stream stops inside a member."""
+    d, fed = zlib.decompressobj(_GZIP), False
+    for chunk in chunks:
+        data = chunk
+        while data:
+            fed = True
+            yield d.decompress(data)
+            if not d.eof:
+                break
+            yield _MEMBER_END
+            data, d, fed = d.unused_data, zlib.decompressobj(_GZIP), False
+    if fed:
+        raise _Truncated
+
+
+def _gzip_extent(chunks: Iterable[bytes]) -> tuple[int | None, str | None]:
+    """(readable bytes, reason) of a damaged gzip stream, (None, None) if intact:
+    up to the cut of a truncated one, up to the start of a corrupt member."""
+    total = verified = 0
+    try:
+        for piece in _inflate(chunks):
+            if piece is _MEMBER_END:
+                verified = total
+            else:
+                total += len(piece)
+    except _Truncated:
+        return total, "truncated gzip file: the stream ends before its end marker"
+    except zlib.error as exc:
+        return verified, f"corrupt gzip file: {exc}"
+    return None, None
+
+
+def _readable(pieces: Iterable[bytes | None], limit: int | None) -> Iterator[bytes]:
+    """The decompressed bytes, stopped at ``limit`` (None: all of them)."""
+    left = limit
+    try:
+        for piece in pieces:
+            if piece is _MEMBER_END or not piece:
+                continue
+            if left is not None:
+                piece = piece[:left]
+                left -= len(piece)
+            yield piece
+            if left == 0:
+                return
+    except (_Truncated, zlib.error):
+        if limit is None:  # pragma: no cover - the first pass read the same bytes
+            raise
 
 
 def write_jsonl(path: Path, lines: list[str], *, compress: bool = False) -> Path:

@@ -21,15 +21,11 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ICEBERG_SPARK_RUNTIME = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.11.0"
 SQLITE_JDBC = "org.xerial:sqlite-jdbc:3.50.3.0"
 JARS = (ICEBERG_SPARK_RUNTIME, SQLITE_JDBC)
-# Object storage (storage.extra_jar_coordinates adds them to spark.jars only
-# when S3 is configured; ./dev setup fetches them all):
-# S3FileIO with its AWS SDK v2 (unrelocated, so S3A uses the same SDK) ...
+# Object storage: S3FileIO with its AWS SDK v2 for table files
+# (storage.extra_jar_coordinates adds it to spark.jars only when S3 is
+# configured; ./dev setup fetches it).  Archives are read by pyarrow.
 ICEBERG_AWS_BUNDLE = "org.apache.iceberg:iceberg-aws-bundle:1.11.0"
-# ... Hadoop's S3A for s3a:// archives: the version of Spark 4.1's own Hadoop ...
-HADOOP_AWS = "org.apache.hadoop:hadoop-aws:3.4.2"
-# ... and the one SDK module S3A needs that the bundle lacks (the bundle's SDK version).
-S3_TRANSFER_MANAGER = "software.amazon.awssdk:s3-transfer-manager:2.44.4"
-S3_JARS = (ICEBERG_AWS_BUNDLE, HADOOP_AWS, S3_TRANSFER_MANAGER)
+S3_JARS = (ICEBERG_AWS_BUNDLE,)
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 

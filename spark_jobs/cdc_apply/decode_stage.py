@@ -1,24 +1,32 @@
 """Decode a batch of archive files inside Spark into canonical outcome rows.
 
-Files are read as bytes (``binaryFile``) so that gzip damage and bad UTF-8 are
-ours to report, line by line, instead of failing the task.  Decoding runs in
-Arrow batches (``mapInArrow``) with orjson: no per-row Python UDF.  Decoders
-with driver-side messages (Qlik metadata, split CES events) get a first pass
-that collects only those messages; their state is then shipped to executors.
+Each Python task opens its files itself (local or object store) and streams
+them a chunk at a time: a file's bytes never sit whole in the JVM or in a
+worker, so memory does not grow with file size (Spark's ``binaryFile`` held
+every file whole, twice over, and stops at 2 GB).  Reading the bytes ourselves
+also keeps gzip damage and bad UTF-8 ours to report, line by line, instead of
+failing the task.  Files are dealt to tasks by size (largest first), so the
+cores finish together.  Decoding runs in Arrow batches (``mapInArrow``) with
+orjson: no per-row Python UDF.  Decoders with driver-side messages (Qlik
+metadata, split CES events) get a first pass that collects only those
+messages; their state is then shipped to executors.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
+import heapq
 import pickle
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from .archive import iter_lines
+from .archive import Source, iter_lines, local_path, open_archive
 from .decode import DecodeContext, Decoder, make_decoder
 from .model import ChangeEvent, Held, Outcome, Quarantined, RawMessage, Skipped
+from .storage import S3Options
 
 OUTCOME_DDL = (
     "status string, reason string, file string, line bigint, raw string, "
@@ -51,6 +59,8 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 RAW_LIMIT = 1 << 20  # keep at most 1 MiB of a quarantined message's text
+GROUP_BYTES = 128 << 20  # archive bytes a decode task aims at (Spark's own file split size)
+OUT_BATCH_ROWS = 10_000  # outcome rows per Arrow batch back to the JVM
 
 
 def outcome_record(o: Outcome) -> dict[str, Any]:
@@ -92,8 +102,8 @@ def to_batch(records: list[dict[str, Any]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(records, schema=ARROW_SCHEMA)
 
 
-def _file_messages(path: str, content: bytes) -> Iterator[RawMessage | Quarantined]:
-    for item in iter_lines(path, content):
+def _file_messages(path: str, source: Source) -> Iterator[RawMessage | Quarantined]:
+    for item in iter_lines(path, source):
         if isinstance(item, RawMessage):
             yield item
         else:
@@ -101,11 +111,11 @@ def _file_messages(path: str, content: bytes) -> Iterator[RawMessage | Quarantin
             yield Quarantined(reason=reason, raw=raw, file=path, line=line)
 
 
-def decode_file_contents(decoder: Decoder, files: Iterable[tuple[str, bytes]], driver_done: bool) -> Iterator[Outcome]:
+def decode_file_contents(decoder: Decoder, files: Iterable[tuple[str, Source]], driver_done: bool) -> Iterator[Outcome]:
     """Executor-side decode of whole files (driver-side messages excluded when
     they were already absorbed on the driver)."""
-    for path, content in files:
-        for msg in _file_messages(path, content):
+    for path, source in files:
+        for msg in _file_messages(path, source):
             if isinstance(msg, Quarantined):
                 yield msg
             elif driver_done and decoder.needs_driver(msg):
@@ -118,59 +128,82 @@ def _has_driver_pass(decoder: Decoder) -> bool:
     return type(decoder).needs_driver is not Decoder.needs_driver
 
 
-def read_files(spark: SparkSession, paths: list[str]) -> DataFrame:
-    """One row per file: (path, content).  Paths are given explicitly: the batch
-    is exactly the files discovery chose."""
-    return spark.read.format("binaryFile").load(paths).select("path", "content")
+def file_groups(files: Sequence[tuple[str, int]], slots: int, target_bytes: int = GROUP_BYTES) -> list[list[str]]:
+    """Files dealt to tasks, largest first onto the least loaded task: at
+    least ``slots`` tasks (every core busy), about ``target_bytes`` each (many
+    small files share a task), never more tasks than files."""
+    if not files:
+        return []
+    total = sum(size for _, size in files)
+    count = min(len(files), max(slots, -(-total // target_bytes)))
+    groups: list[list[str]] = [[] for _ in range(count)]
+    load = [(0, i) for i in range(count)]
+    for path, size in sorted(files, key=lambda f: (-f[1], f[0])):
+        used, i = heapq.heappop(load)
+        groups[i].append(path)
+        heapq.heappush(load, (used + size, i))
+    return groups
 
 
-def _local_path(uri: str) -> str:
-    return uri[len("file:"):] if uri.startswith("file:") and not uri.startswith("file://") else uri.removeprefix("file://")
+def _file_tasks(spark: SparkSession, groups: list[list[str]]) -> DataFrame:
+    """One row (the group index) per task: the Python tasks open their files
+    themselves, so a file's bytes never pass through the JVM."""
+    return spark.range(0, len(groups), 1, max(1, len(groups)))
 
 
-def decode_batch(spark: SparkSession, paths: list[str], fmt: str, ctx: DecodeContext) -> tuple[DataFrame, dict]:
-    """Decode the files into a DataFrame of outcome rows (``OUTCOME_DDL``).
+def _archive_sources(paths: Iterable[str], s3: S3Options) -> Iterator[tuple[str, Source]]:
+    for path in paths:
+        yield local_path(path), functools.partial(open_archive, path, s3)
+
+
+def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str, ctx: DecodeContext) -> tuple[DataFrame, dict]:
+    """Decode the files, given as (path, size), into a DataFrame of outcome
+    rows (``OUTCOME_DDL``).
 
     Returns the DataFrame and the decoder state to persist for the next batch.
     """
-    files = read_files(spark, paths)
+    groups = file_groups(files, spark.sparkContext.defaultParallelism)
+    tasks = _file_tasks(spark, groups)
+    s3 = S3Options.from_env()
     decoder = make_decoder(fmt, ctx)
     driver_outcomes: list[Outcome] = []
     if _has_driver_pass(decoder):
-        blob_ctx = base64.b64encode(pickle.dumps((fmt, ctx))).decode()
+        blob_ctx = base64.b64encode(pickle.dumps((fmt, ctx, groups, s3))).decode()
 
         def pick_driver_messages(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            f, c = pickle.loads(base64.b64decode(blob_ctx))
+            f, c, g, store = pickle.loads(base64.b64decode(blob_ctx))
             dec = make_decoder(f, c)
             for batch in batches:
                 rows = []
-                for rec in batch.to_pylist():
-                    for msg in _file_messages(_local_path(rec["path"]), rec["content"]):
-                        if isinstance(msg, RawMessage) and dec.needs_driver(msg):
-                            rows.append({"file": msg.file, "line": msg.line, "text": msg.text})
+                for task in batch.column("id").to_pylist():
+                    for path, source in _archive_sources(g[task], store):
+                        for msg in _file_messages(path, source):
+                            if isinstance(msg, RawMessage) and dec.needs_driver(msg):
+                                rows.append({"file": msg.file, "line": msg.line, "text": msg.text})
                 yield pa.RecordBatch.from_pylist(rows, schema=pa.schema([("file", pa.string()), ("line", pa.int64()), ("text", pa.string())]))
 
-        picked = files.mapInArrow(pick_driver_messages, "file string, line bigint, text string").orderBy("file", "line").collect()
+        picked = tasks.mapInArrow(pick_driver_messages, "file string, line bigint, text string").orderBy("file", "line").collect()
         driver_outcomes = decoder.absorb([RawMessage(r.file, r.line, r.text) for r in picked])
     state = decoder.export_state()
     ctx_after = DecodeContext(source=ctx.source, primary_keys=ctx.primary_keys, state=state)
-    blob = base64.b64encode(pickle.dumps((fmt, ctx_after, _has_driver_pass(decoder)))).decode()
+    blob = base64.b64encode(pickle.dumps((fmt, ctx_after, _has_driver_pass(decoder), groups, s3))).decode()
 
     def decode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        f, c, driver_done = pickle.loads(base64.b64decode(blob))
+        f, c, driver_done, g, store = pickle.loads(base64.b64decode(blob))
         dec = make_decoder(f, c)
         for batch in batches:
-            pairs = ((_local_path(r["path"]), r["content"]) for r in batch.to_pylist())
-            out: list[dict[str, Any]] = []
-            for outcome in decode_file_contents(dec, pairs, driver_done):
-                out.append(outcome_record(outcome))
-                if len(out) >= 10_000:
+            for task in batch.column("id").to_pylist():
+                out: list[dict[str, Any]] = []
+                for outcome in decode_file_contents(dec, _archive_sources(g[task], store), driver_done):
+                    out.append(outcome_record(outcome))
+                    if len(out) >= OUT_BATCH_ROWS:
+                        yield to_batch(out)
+                        out = []
+                if out:
                     yield to_batch(out)
-                    out = []
-            if out:
-                yield to_batch(out)
+        pa.default_memory_pool().release_unused()
 
-    decoded = files.mapInArrow(decode_partition, OUTCOME_DDL)
+    decoded = tasks.mapInArrow(decode_partition, OUTCOME_DDL)
     if driver_outcomes:
         extra = _df_from_records(spark, [outcome_record(o) for o in driver_outcomes])
         decoded = decoded.unionByName(extra)

@@ -109,7 +109,7 @@ def run_batch(
     spark = spark or get_spark(settings)
     state = ledger.latest_decoder_state(settings, source.name)
     ctx = DecodeContext(source=source.name, primary_keys=source.primary_keys, state=state)
-    decoded, new_state = decode_batch(spark, [f.path for f in files], source.format, ctx)
+    decoded, new_state = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
     new_state = {**state, **new_state}
     apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter)
     if not dry_run:

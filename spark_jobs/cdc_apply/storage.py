@@ -11,9 +11,9 @@ Two clients, one store:
 * the Iceberg catalog (Spark and pyiceberg) reads and writes table files with
   its own FileIO: Iceberg's ``S3FileIO`` on the JVM (AWS SDK v2, from the
   ``iceberg-aws-bundle`` jar), pyarrow's S3 file system in pyiceberg;
-* archives are read by Spark's ``binaryFile`` source through Hadoop's S3A file
-  system (``hadoop-aws``, the version of Spark's own Hadoop), and listed and
-  fingerprinted on the driver with pyarrow (:func:`list_object_files`).
+* archives are listed and fingerprinted on the driver
+  (:func:`list_object_files`) and read by the decode tasks' Python workers
+  (``archive.open_archive``), all with pyarrow's S3 file system.
 
 Credentials are never written here nor into the Spark conf: every client reads
 the AWS default chain (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -33,16 +34,6 @@ from .config import Settings
 
 S3_SCHEMES = ("s3", "s3a", "s3n")
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
-S3A_FILE_SYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
-# S3A's credential chain: environment variables first, then the SDK's default
-# chain (profiles, web identity, container and instance roles).
-S3A_CREDENTIALS_PROVIDERS = ",".join(
-    (
-        "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider",
-        "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider",
-    )
-)
-
 
 # -- what is configured ----------------------------------------------------------
 
@@ -92,9 +83,9 @@ def uses_object_store(settings: Settings) -> bool:
 
 
 def object_store_conf(settings: Settings) -> dict[str, str]:
-    """Spark conf for an S3 warehouse (Iceberg S3FileIO) and s3a:// archives
-    (Hadoop S3A); empty for local files.  ``CDC_SPARK_CONF_*`` still overrides
-    any of these (spark_session.iceberg_conf applies it last)."""
+    """Spark conf for an S3 warehouse (Iceberg S3FileIO); empty for local
+    files.  ``CDC_SPARK_CONF_*`` still overrides any of these
+    (spark_session.iceberg_conf applies it last)."""
     if not uses_object_store(settings):
         return {}
     cat = f"spark.sql.catalog.{settings.catalog_name}"
@@ -111,39 +102,22 @@ def object_store_conf(settings: Settings) -> dict[str, str]:
     conf[f"{cat}.s3.path-style-access"] = path_style
     if region:
         conf[f"{cat}.client.region"] = region
-
-    # Hadoop S3A: archives read by binaryFile from s3a:// (and s3:// mapped to S3A).
-    h = "spark.hadoop.fs.s3a."
-    conf[h + "impl"] = S3A_FILE_SYSTEM
-    conf[h + "path.style.access"] = path_style
-    conf[h + "aws.credentials.provider"] = S3A_CREDENTIALS_PROVIDERS
-    if endpoint:
-        conf[h + "endpoint"] = endpoint
-        conf[h + "connection.ssl.enabled"] = "true" if urlsplit(endpoint).scheme == "https" else "false"
-    if region:
-        conf[h + "endpoint.region"] = region
-    if scheme_of(settings.archive_dir) in ("s3", "s3n"):
-        conf[f"spark.hadoop.fs.{scheme_of(settings.archive_dir)}.impl"] = S3A_FILE_SYSTEM
     return conf
 
 
 def extra_jar_coordinates(settings: Settings) -> tuple[str, ...]:
     """Maven coordinates of the jars the object store needs on top of
-    ``config.JARS`` (all fetched by ``./dev setup`` into CDC_JARS_DIR):
-    iceberg-aws-bundle for S3FileIO (and the AWS SDK S3A uses), hadoop-aws and
-    the SDK's transfer manager for s3a:// archives.  A jar already on Spark's
-    own class path (``pyspark/jars``, as the Docker image installs
-    iceberg-aws-bundle) is not added again."""
-    from .config import HADOOP_AWS, ICEBERG_AWS_BUNDLE, S3_TRANSFER_MANAGER
+    ``config.JARS`` (fetched by ``./dev setup`` into CDC_JARS_DIR):
+    iceberg-aws-bundle for S3FileIO.  A jar already on Spark's own class path
+    (``pyspark/jars``, as the Docker image installs iceberg-aws-bundle) is not
+    added again."""
+    from .config import S3_JARS
 
     if not uses_object_store(settings):
         return ()
-    coords = [ICEBERG_AWS_BUNDLE]
-    if archive_on_object_store(settings):
-        coords += [HADOOP_AWS, S3_TRANSFER_MANAGER]
     spark_jars = _spark_jars_dir()
     out = []
-    for coord in coords:
+    for coord in S3_JARS:
         _, artifact, version = coord.split(":")
         if spark_jars is not None and (spark_jars / f"{artifact}-{version}.jar").exists():
             continue
@@ -174,20 +148,33 @@ def split_uri(uri: str) -> tuple[str, str]:
     return scheme, rest
 
 
-def s3_filesystem():
+@dataclass(frozen=True)
+class S3Options:
+    """Where the object store is, as the driver sees it (``CDC_S3_ENDPOINT``,
+    ``AWS_REGION``): shipped to executors, whose environment may lack them.
+    Credentials are not in it: each process reads the AWS default chain."""
+
+    endpoint: str | None = None
+    region: str | None = None
+
+    @classmethod
+    def from_env(cls) -> "S3Options":
+        return cls(endpoint=s3_endpoint(), region=s3_region())
+
+
+def s3_filesystem(options: S3Options | None = None):
     """pyarrow's S3 file system for the configured store (credentials: the AWS
     default chain, read by the AWS SDK itself)."""
     from pyarrow import fs as pafs
 
-    kwargs: dict = {"force_virtual_addressing": not s3_path_style()}
-    endpoint = s3_endpoint()
-    if endpoint:
-        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+    options = options or S3Options.from_env()
+    kwargs: dict = {"force_virtual_addressing": options.endpoint is None}
+    if options.endpoint:
+        parts = urlsplit(options.endpoint if "://" in options.endpoint else f"https://{options.endpoint}")
         kwargs["endpoint_override"] = parts.netloc + parts.path.rstrip("/")
         kwargs["scheme"] = parts.scheme or "https"
-    region = s3_region()
-    if region:
-        kwargs["region"] = region
+    if options.region:
+        kwargs["region"] = options.region
     return pafs.S3FileSystem(**kwargs)
 
 

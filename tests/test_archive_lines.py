@@ -1,0 +1,112 @@
+"""Archive files are streamed a chunk at a time (``archive.iter_lines``): the
+messages, line numbers and damage reports must be exactly those of reading the
+whole file at once, wherever the chunk boundaries fall."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zlib
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from cdc_apply.archive import iter_lines, open_archive
+from cdc_apply.decode_stage import file_groups
+from cdc_apply.model import RawMessage
+
+LINE = st.one_of(
+    st.text(alphabet=st.characters(blacklist_characters="\n\r", blacklist_categories=("Cs",)), max_size=40).map(str.encode),
+    st.sampled_from([b"", b"   ", b"\r", b'{"a": 1}\r', b"\xff\xfe not utf-8", b"caf\xc3\xa9", b"x" * 300]),
+)
+
+
+def whole_file(path: str, data: bytes) -> list:
+    """The reference: split the decompressed bytes at once."""
+    out = []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        raw = raw[:-1] if raw.endswith(b"\r") else raw
+        if not raw.strip():
+            continue
+        try:
+            out.append(RawMessage(path, number, raw.decode("utf-8")))
+        except UnicodeDecodeError as exc:
+            out.append((number, raw.decode("utf-8", "replace"), f"line is not UTF-8: {exc}"))
+    return out
+
+
+def gzip_members(data: bytes, cuts: list[int]) -> bytes:
+    """``data`` as concatenated gzip members, cut at ``cuts``."""
+    bounds = [0] + sorted(c % (len(data) + 1) for c in cuts) + [len(data)]
+    return b"".join(gzip.compress(data[a:b]) for a, b in zip(bounds, bounds[1:]))
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(lines=st.lists(LINE, max_size=30), final_newline=st.booleans(), chunk=st.integers(1, 64),
+       compress=st.booleans(), cuts=st.lists(st.integers(0, 10_000), max_size=3))
+def test_streamed_lines_equal_the_whole_file_read(lines, final_newline, chunk, compress, cuts):
+    data = b"\n".join(lines) + (b"\n" if final_newline else b"")
+    stored = gzip_members(data, cuts) if compress else data
+    got = list(iter_lines("f.jsonl", lambda: io.BytesIO(stored), chunk_bytes=chunk))
+    assert got == whole_file("f.jsonl", data)
+    assert list(iter_lines("f.jsonl", stored)) == got  # bytes in, one chunk
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
+def test_truncated_gzip_keeps_the_complete_lines_and_reports_the_tail(chunk):
+    lines = [f'{{"n": {i}, "pad": "{"p" * 50}"}}'.encode() for i in range(200)]
+    stored = gzip.compress(b"\n".join(lines) + b"\n")
+    cut = stored[: len(stored) // 2]
+    got = list(iter_lines("f.jsonl.gz", lambda: io.BytesIO(cut), chunk_bytes=chunk))
+    *messages, tail = got
+    assert [m.text.encode() for m in messages] == lines[: len(messages)]
+    assert [m.line for m in messages] == list(range(1, len(messages) + 1))
+    assert 0 < len(messages) < 200
+    number, raw, reason = tail
+    assert number == len(messages) + 1
+    assert lines[len(messages)].startswith(raw.encode())  # the partial line, as far as it was readable
+    assert reason == "truncated gzip file: the stream ends before its end marker"
+
+
+def test_corrupt_gzip_member_yields_none_of_its_lines():
+    lines = [f'{{"n": {i}}}'.encode() for i in range(5000)]
+    stored = bytearray(gzip.compress(b"\n".join(lines) + b"\n", compresslevel=1))
+    stored[len(stored) // 2 : len(stored) // 2 + 64] = b"\x00" * 64
+    got = list(iter_lines("f.jsonl.gz", lambda: io.BytesIO(bytes(stored)), chunk_bytes=4096))
+    # gzip proves a member intact only at its end: none of the damaged member's lines
+    assert got == [(1, "", got[0][2])] and got[0][2].startswith("corrupt gzip file: ")
+
+
+def test_corrupt_member_loses_only_its_own_lines():
+    first = [f'{{"n": {i}}}'.encode() for i in range(100)]
+    second = [f'{{"m": {i}}}'.encode() for i in range(5000)]
+    bad = bytearray(gzip.compress(b"\n".join(second) + b"\n", compresslevel=1))
+    bad[len(bad) // 2 : len(bad) // 2 + 64] = b"\x00" * 64
+    stored = gzip.compress(b"\n".join(first) + b"\n") + bytes(bad)
+    *messages, (number, raw, reason) = iter_lines("f.jsonl.gz", lambda: io.BytesIO(stored), chunk_bytes=4096)
+    assert [m.text.encode() for m in messages] == first
+    assert (number, raw) == (101, "") and reason.startswith("corrupt gzip file: ")
+
+
+def test_garbage_after_a_gzip_member_is_corruption_not_silence():
+    stored = gzip.compress(b'{"a": 1}\n') + b"not gzip"
+    got = list(iter_lines("f.gz", stored))
+    assert got[0] == RawMessage("f.gz", 1, '{"a": 1}')
+    assert got[1][0] == 2 and got[1][2].startswith("corrupt gzip file: ")
+
+
+def test_open_archive_reads_local_paths_and_file_uris(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"a": 1}\n')
+    for name in (str(path), f"file:{path}", f"file://{path}"):
+        with open_archive(name) as stream:
+            assert stream.read() == b'{"a": 1}\n'
+
+
+def test_file_groups_keep_every_core_busy_and_pack_small_files():
+    assert file_groups([], 2) == []
+    assert file_groups([("a", 10)], 4) == [["a"]]  # never more tasks than files
+    big = file_groups([("a", 100), ("b", 60), ("c", 50), ("d", 10)], 2)
+    assert sorted(map(sorted, big)) == [["a", "d"], ["b", "c"]]  # largest first onto the least loaded
+    small = file_groups([(str(i), 1_000) for i in range(1_000)], 2, target_bytes=100_000)
+    assert len(small) == 10 and sorted(p for g in small for p in g) == sorted(str(i) for i in range(1_000))

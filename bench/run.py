@@ -29,11 +29,11 @@ from . import workload as wl
 PRESETS: dict[str, dict[str, Any]] = {
     # toy sizes: every contender and figure, well under 2 minutes
     "tiny": dict(events=2_000, base_rows=5_000, events_per_file=500, scale_events=2_000, scale_small_rows=5_000,
-                 scale_large_rows=50_000, hourly_events=1_000, rss_events=1_000, pyiceberg_cap=2_000, pyiceberg_timeout=120),
+                 scale_large_rows=50_000, hourly_events=1_000, rss_events=1_000, rss_runs=1, pyiceberg_cap=2_000, pyiceberg_timeout=120),
     "small": dict(events=100_000, base_rows=1_000_000, events_per_file=20_000, scale_events=100_000, scale_small_rows=1_000_000,
-                  scale_large_rows=10_000_000, hourly_events=1_000, rss_events=20_000, pyiceberg_cap=100_000, pyiceberg_timeout=600),
+                  scale_large_rows=10_000_000, hourly_events=1_000, rss_events=20_000, rss_runs=3, pyiceberg_cap=100_000, pyiceberg_timeout=600),
     "full": dict(events=1_000_000, base_rows=1_000_000, events_per_file=20_000, scale_events=100_000, scale_small_rows=1_000_000,
-                 scale_large_rows=10_000_000, hourly_events=1_000, rss_events=100_000, pyiceberg_cap=100_000, pyiceberg_timeout=900),
+                 scale_large_rows=10_000_000, hourly_events=1_000, rss_events=100_000, rss_runs=3, pyiceberg_cap=100_000, pyiceberg_timeout=900),
 }
 
 # name, figure key, comparison, threshold, description
@@ -93,6 +93,11 @@ def _status(value: float, op: str, threshold: float) -> str:
     return "PASS" if (value >= threshold if op == ">=" else value <= threshold) else "MISS"
 
 
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median peak RSS (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda r: r["peak_rss_bytes"])[(len(runs) - 1) // 2]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=sorted(PRESETS), default="tiny")
@@ -102,7 +107,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
     p.add_argument("--profile", action="store_true", help="cProfile the driver during the project's main batch")
     p.add_argument("--dag-driver-memory", help="add --driver-memory to the DAG job's spark-submit (hourly and RSS runs); "
-                   "default: none, exactly as the DAG submits (Spark's default 1g heap)")
+                   "default: none, exactly as the DAG submits (CDC_SPARK_DRIVER_MEMORY, default 3g)")
     p.add_argument("--skip", action="append", default=[], choices=["textbook", "pyiceberg", "table_size", "hourly", "rss"],
                    help="leave a contender out (its figures are then missing)")
     for k, v in PRESETS["tiny"].items():
@@ -153,10 +158,14 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     hourly_files = main_wl.write(data / "hourly", args.hourly_events, args.events_per_file)  # continues main's history
     scale_files = main_files if reuse_scale else wl.Workload(seed=args.seed + 1, base_rows=args.scale_small_rows, insert_slot=2).write(
         data / "scale", args.scale_events, args.events_per_file)
-    # RSS batches continue the same history after the hourly one (applied to the same table, in order)
-    reuse_rss = args.rss_events == args.hourly_events
-    rss1 = hourly_files if reuse_rss else main_wl.write(data / "rss1", args.rss_events, args.events_per_file)
-    rss5 = main_wl.write(data / "rss5", args.rss_events * 5, args.events_per_file)
+    # RSS batches continue the same history after the hourly one (applied to the same table, in
+    # order: 1x, 5x, 1x, 5x, ...; each run its own files, as a batch is applied once)
+    reuse_rss = args.rss_events == args.hourly_events and args.rss_runs == 1
+    rss_batches = []
+    for i in range(args.rss_runs):
+        r1_files = hourly_files if reuse_rss else main_wl.write(data / f"rss1_{i}", args.rss_events, args.events_per_file)
+        rss_batches.append((r1_files, main_wl.write(data / f"rss5_{i}", args.rss_events * 5, args.events_per_file)))
+    rss1, rss5 = rss_batches[0]
     pyice_paths = _pick_capped(main_files, args.pyiceberg_cap)
     out["setup_seconds"]["generate_files"] = round(time.perf_counter() - t, 2)
     out["workload"] = {"main": main_files.as_dict(), "hourly": hourly_files.as_dict(), "scale": scale_files.as_dict(),
@@ -271,15 +280,23 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
             say(f"hourly: job {job['seconds']:.1f}s vs bare spark-submit {bare['seconds']:.1f}s")
     if "rss" not in args.skip:
         with section("rss"):
-            r1 = job if (reuse_rss and job is not None) else C.spark_submit_job("bench", rss1.paths, workdir, master, "rss_1x", driver_memory=args.dag_driver_memory)
-            r5 = C.spark_submit_job("bench", rss5.paths, workdir, master, "rss_5x", driver_memory=args.dag_driver_memory)
-            out["rss"] = {"events_1x": rss1.events, "events_5x": rss5.events, "peak_rss_1x_mb": round(r1["peak_rss_bytes"] / 2**20, 1),
+            runs_1x, runs_5x = [], []
+            for i, (files_1x, files_5x) in enumerate(rss_batches):
+                runs_1x.append(job if (reuse_rss and job is not None) else
+                               C.spark_submit_job("bench", files_1x.paths, workdir, master, f"rss_1x_{i}", driver_memory=args.dag_driver_memory))
+                runs_5x.append(C.spark_submit_job("bench", files_5x.paths, workdir, master, f"rss_5x_{i}", driver_memory=args.dag_driver_memory))
+            r1, r5 = _median_run(runs_1x), _median_run(runs_5x)
+            out["rss"] = {"events_1x": rss1.events, "events_5x": rss5.events, "runs": len(rss_batches),
+                          "peak_rss_1x_mb": round(r1["peak_rss_bytes"] / 2**20, 1),
                           "peak_rss_5x_mb": round(r5["peak_rss_bytes"] / 2**20, 1), "ratio": round(r5["peak_rss_bytes"] / r1["peak_rss_bytes"], 3),
+                          "runs_1x_mb": [round(r["peak_rss_bytes"] / 2**20, 1) for r in runs_1x],
+                          "runs_5x_mb": [round(r["peak_rss_bytes"] / 2**20, 1) for r in runs_5x],
                           "split_1x_mb": r1["at_peak_mb"], "split_5x_mb": r5["at_peak_mb"], "seconds_1x": round(r1["seconds"], 2), "seconds_5x": round(r5["seconds"], 2),
                           "measured": "the DAG's spark-submit job, one process tree per batch (launcher + JVM driver + Python driver + "
-                                      "Python workers), summed RSS sampled every 0.1 s" + ("; the 1x batch is the hourly batch" if reuse_rss else ""),
-                          "driver_memory": args.dag_driver_memory or "spark default (as the DAG)"}
-            say(f"rss: {out['rss']['peak_rss_1x_mb']} MB (1x) vs {out['rss']['peak_rss_5x_mb']} MB (5x)")
+                                      "Python workers), summed RSS sampled every 0.1 s; the median of the runs (the JVM's heap sizing "
+                                      "moves one run's peak by +-15 %)" + ("; the 1x batch is the hourly batch" if reuse_rss else ""),
+                          "driver_memory": args.dag_driver_memory or "as the DAG (CDC_SPARK_DRIVER_MEMORY, default 3g)"}
+            say(f"rss: {out['rss']['peak_rss_1x_mb']} MB (1x) vs {out['rss']['peak_rss_5x_mb']} MB (5x), median of {len(rss_batches)} run(s) each")
 
     spark.stop()
 
@@ -355,7 +372,8 @@ def render(out: dict[str, Any]) -> str:
         lines.append(f"hourly: {h['events']}-event batch via spark-submit {h['job_seconds']:.2f}s, bare spark-submit {h['bare_seconds']:.2f}s")
     if "rss" in out:
         r = out["rss"]
-        lines.append(f"peak RSS (process tree): {r['events_1x']} events {r['peak_rss_1x_mb']:.0f} MB, {r['events_5x']} events {r['peak_rss_5x_mb']:.0f} MB")
+        lines.append(f"peak RSS (process tree, median of {r['runs']}): {r['events_1x']} events {r['peak_rss_1x_mb']:.0f} MB {r['runs_1x_mb']}, "
+                     f"{r['events_5x']} events {r['peak_rss_5x_mb']:.0f} MB {r['runs_5x_mb']}")
     lines += ["", f"{'figure':24} {'value':>9} {'target':>9} {'status':>6}  {'spec size':9}  meaning"]
     for t in out["targets"]:
         if t["value"] is None:

@@ -24,7 +24,7 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
     env.setdefault("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars"))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "spark_jobs"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--scale", "tiny", "--out", str(out), "--workdir", str(tmp_path / "work")],
+        [sys.executable, "-m", "bench.run", "--scale", "tiny", "--rss-runs", "2", "--out", str(out), "--workdir", str(tmp_path / "work")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
     )
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
@@ -50,6 +50,7 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
     assert h["job_seconds"] > 0 and h["bare_seconds"] > 0
     r = res["rss"]
     assert r["peak_rss_1x_mb"] > 0 and r["peak_rss_5x_mb"] > 0 and r["events_5x"] >= 4 * r["events_1x"]
+    assert len(r["runs_1x_mb"]) == len(r["runs_5x_mb"]) == r["runs"] == 2  # each run its own batch of files
 
     # the printed table carries the same figures
     assert "project run_batch" in proc.stdout and ("PASS" in proc.stdout or "MISS" in proc.stdout)

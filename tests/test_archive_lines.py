@@ -11,8 +11,8 @@ import zlib
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from cdc_apply.archive import iter_lines, open_archive
-from cdc_apply.decode_stage import file_groups
+from cdc_apply.archive import iter_lines, open_archive, plan_pieces
+from cdc_apply.decode_stage import decode_units, file_groups
 from cdc_apply.model import RawMessage
 
 LINE = st.one_of(
@@ -110,3 +110,46 @@ def test_file_groups_keep_every_core_busy_and_pack_small_files():
     assert sorted(map(sorted, big)) == [["a", "d"], ["b", "c"]]  # largest first onto the least loaded
     small = file_groups([(str(i), 1_000) for i in range(1_000)], 2, target_bytes=100_000)
     assert len(small) == 10 and sorted(p for g in small for p in g) == sorted(str(i) for i in range(1_000))
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(lines=st.lists(LINE, max_size=40), final_newline=st.booleans(), piece=st.integers(1, 200), chunk=st.integers(1, 64))
+def test_pieces_cover_the_file_line_for_line(tmp_path_factory, lines, final_newline, piece, chunk):
+    """A large plain file is decoded in pieces by several tasks: the pieces,
+    read one after another, give exactly the messages and line numbers of the
+    whole file."""
+    data = b"\n".join(lines) + (b"\n" if final_newline else b"")
+    path = tmp_path_factory.mktemp("pieces") / "f.jsonl"
+    path.write_bytes(data)
+    pieces = plan_pieces(str(path), piece, chunk_bytes=chunk)
+    assert pieces[0].start == 0 and pieces[-1].end == len(data)
+    assert all(a.end == b.start for a, b in zip(pieces, pieces[1:]))
+    assert all(p.start == 0 or data[p.start - 1 : p.start] == b"\n" for p in pieces)  # each starts a line
+    got = [m for p in pieces for m in iter_lines(str(path), lambda: open(path, "rb"), chunk_bytes=chunk, piece=p)]
+    assert got == whole_file(str(path), data)
+
+
+def test_gzip_and_small_files_are_not_cut(tmp_path):
+    gz = tmp_path / "a.jsonl"
+    gz.write_bytes(gzip.compress(b'{"a": 1}\n' * 10_000))
+    assert plan_pieces(str(gz), 100) == []
+    small = tmp_path / "b.jsonl"
+    small.write_bytes(b'{"a": 1}\n' * 10)
+    assert [(p.start, p.end, p.first_line) for p in plan_pieces(str(small), 1_000)] == [(0, 90, 1)]
+
+
+def test_a_big_plain_file_is_cut_so_every_core_decodes(tmp_path):
+    line = b'{"pad": "' + b"x" * 1_000 + b'"}\n'
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(line * 40_000)  # ~40 MB
+    packed = tmp_path / "big.jsonl.gz"
+    packed.write_bytes(gzip.compress(line * 40_000, compresslevel=1))
+    size = big.stat().st_size
+    units = decode_units([(str(big), size)], slots=2)
+    assert len(units) == round(size / (16 << 20)) == 2  # pieces no smaller than PIECE_MIN_BYTES
+    assert sum(n for _, n in units) == size and all(piece is not None for (_, piece), _ in units)
+    assert decode_units([(str(big), size)], slots=1) == units  # the floor, not the core count, decides here
+    assert decode_units([(str(packed), size)], slots=2) == [((str(packed), None), size)]  # gzip: whole
+    assert decode_units([("s3a://bucket/big.jsonl", size)], slots=2) == [(("s3a://bucket/big.jsonl", None), size)]  # remote: whole
+    small = [(f"/nowhere/{i}.jsonl", 1 << 20) for i in range(8)]
+    assert decode_units(small, slots=2) == [((p, None), n) for p, n in small]  # small files are never opened to plan

@@ -158,13 +158,50 @@ def local_path(uri: str) -> str:
     return uri[len("file:"):] if uri.startswith("file:") and not uri.startswith("file://") else uri.removeprefix("file://")
 
 
+@dataclass(frozen=True)
+class Piece:
+    """Bytes [start, end) of a plain (not gzip) file, cut at line starts, and
+    the number of its first line: a large file is decoded by several tasks."""
+
+    start: int
+    end: int
+    first_line: int
+
+
+def plan_pieces(path: str, piece_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> list[Piece]:
+    """Cut a local plain file into pieces of about ``piece_bytes``, each
+    starting at a line start, numbered from the newlines before it: one pass
+    that only counts (no parsing).  ``[]`` for a gzip file, which cannot be
+    cut without decompressing it."""
+    cuts = [(0, 1)]  # (line start, its line number)
+    newlines = pos = 0
+    target = piece_bytes
+    with open(local_path(path), "rb") as f:
+        if f.read(2) == b"\x1f\x8b":
+            return []
+        f.seek(0)
+        while chunk := f.read(chunk_bytes):
+            while target - 1 < pos + len(chunk):
+                i = chunk.find(b"\n", max(0, target - 1 - pos))
+                if i < 0:
+                    break
+                start = pos + i + 1
+                cuts.append((start, newlines + chunk.count(b"\n", 0, i + 1) + 1))
+                target = start + piece_bytes
+            newlines += chunk.count(b"\n")
+            pos += len(chunk)
+    cuts = [c for c in cuts if c[0] < pos] or [(0, 1)]
+    ends = [start for start, _ in cuts[1:]] + [pos]
+    return [Piece(start, end, first) for (start, first), end in zip(cuts, ends)]
+
+
 Source = Union[bytes, Callable[[], BinaryIO]]
 """A file's stored bytes, or a function opening them (gzip is read twice)."""
 _GZIP = 16 + zlib.MAX_WBITS
 _MEMBER_END = None  # marks a gzip member whose CRC and length checked out
 
 
-def iter_lines(path: str, source: Source, chunk_bytes: int = CHUNK_BYTES) -> Iterator[RawMessage | tuple[int, str, str]]:
+def iter_lines(path: str, source: Source, chunk_bytes: int = CHUNK_BYTES, piece: Piece | None = None) -> Iterator[RawMessage | tuple[int, str, str]]:
     """Split a file into messages, 1-based line numbers, reading it in chunks
     (memory holds a chunk and the line being read, never the whole file).
 
@@ -173,9 +210,14 @@ def iter_lines(path: str, source: Source, chunk_bytes: int = CHUNK_BYTES) -> Ite
     of its lines (they may be garbage), a truncated stream yields the lines
     before the cut.  The unreadable rest is one ``(line, raw, reason)`` tuple,
     which the caller quarantines.  Lines that are not UTF-8 are reported the
-    same way.
+    same way.  ``piece``: only that piece of a plain file (``plan_pieces``).
     """
     open_stream = (lambda: io.BytesIO(source)) if isinstance(source, (bytes, bytearray)) else source
+    if piece is not None:
+        with open_stream() as stream:
+            stream.seek(piece.start)
+            yield from _split(path, _chunks_upto(stream, chunk_bytes, piece.end - piece.start), first_line=piece.first_line)
+        return
     with open_stream() as stream:
         head = stream.read(chunk_bytes)
         while 0 < len(head) < 2:  # the gzip magic needs two bytes; a read may return fewer
@@ -191,8 +233,8 @@ def iter_lines(path: str, source: Source, chunk_bytes: int = CHUNK_BYTES) -> Ite
         yield from _split(path, _readable(_inflate(_chunks(stream.read(chunk_bytes), stream, chunk_bytes)), good), damage)
 
 
-def _split(path: str, chunks: Iterable[bytes], damage: str | None = None) -> Iterator[RawMessage | tuple[int, str, str]]:
-    number = 0
+def _split(path: str, chunks: Iterable[bytes], damage: str | None = None, first_line: int = 1) -> Iterator[RawMessage | tuple[int, str, str]]:
+    number = first_line - 1
     pieces: list[bytes] = []  # the line being read, when it spans chunks
     for chunk in chunks:
         cut = chunk.find(b"\n")
@@ -233,6 +275,12 @@ def _chunks(first: bytes, stream: BinaryIO, size: int) -> Iterator[bytes]:
     while chunk:
         yield chunk
         chunk = stream.read(size)
+
+
+def _chunks_upto(stream: BinaryIO, size: int, limit: int) -> Iterator[bytes]:
+    while limit > 0 and (chunk := stream.read(min(size, limit))):
+        limit -= len(chunk)
+        yield chunk
 
 
 class _Truncated(Exception):

@@ -18,15 +18,15 @@ import base64
 import functools
 import heapq
 import pickle
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from .archive import Source, iter_lines, local_path, open_archive
+from .archive import Piece, Source, iter_lines, local_path, open_archive, plan_pieces
 from .decode import DecodeContext, Decoder, make_decoder
 from .model import ChangeEvent, Held, Outcome, Quarantined, RawMessage, Skipped
-from .storage import S3Options
+from .storage import S3Options, is_object_store_uri
 
 OUTCOME_DDL = (
     "status string, reason string, file string, line bigint, raw string, "
@@ -60,6 +60,8 @@ ARROW_SCHEMA = pa.schema(
 )
 RAW_LIMIT = 1 << 20  # keep at most 1 MiB of a quarantined message's text
 GROUP_BYTES = 128 << 20  # archive bytes a decode task aims at (Spark's own file split size)
+PIECE_MIN_BYTES = 16 << 20  # a file is cut into pieces no smaller than this
+T = TypeVar("T")
 OUT_BATCH_ROWS = 10_000  # outcome rows per Arrow batch back to the JVM
 
 
@@ -102,8 +104,8 @@ def to_batch(records: list[dict[str, Any]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(records, schema=ARROW_SCHEMA)
 
 
-def _file_messages(path: str, source: Source) -> Iterator[RawMessage | Quarantined]:
-    for item in iter_lines(path, source):
+def _file_messages(path: str, source: Source, piece: Piece | None = None) -> Iterator[RawMessage | Quarantined]:
+    for item in iter_lines(path, source, piece=piece):
         if isinstance(item, RawMessage):
             yield item
         else:
@@ -111,11 +113,11 @@ def _file_messages(path: str, source: Source) -> Iterator[RawMessage | Quarantin
             yield Quarantined(reason=reason, raw=raw, file=path, line=line)
 
 
-def decode_file_contents(decoder: Decoder, files: Iterable[tuple[str, Source]], driver_done: bool) -> Iterator[Outcome]:
-    """Executor-side decode of whole files (driver-side messages excluded when
-    they were already absorbed on the driver)."""
-    for path, source in files:
-        for msg in _file_messages(path, source):
+def decode_file_contents(decoder: Decoder, files: Iterable[tuple[str, Source, Piece | None]], driver_done: bool) -> Iterator[Outcome]:
+    """Executor-side decode of files or pieces of files (driver-side messages
+    excluded when they were already absorbed on the driver)."""
+    for path, source, piece in files:
+        for msg in _file_messages(path, source, piece):
             if isinstance(msg, Quarantined):
                 yield msg
             elif driver_done and decoder.needs_driver(msg):
@@ -128,21 +130,40 @@ def _has_driver_pass(decoder: Decoder) -> bool:
     return type(decoder).needs_driver is not Decoder.needs_driver
 
 
-def file_groups(files: Sequence[tuple[str, int]], slots: int, target_bytes: int = GROUP_BYTES) -> list[list[str]]:
-    """Files dealt to tasks, largest first onto the least loaded task: at
-    least ``slots`` tasks (every core busy), about ``target_bytes`` each (many
-    small files share a task), never more tasks than files."""
-    if not files:
+def file_groups(items: Sequence[tuple[T, int]], slots: int, target_bytes: int = GROUP_BYTES) -> list[list[T]]:
+    """Items (files or pieces, with their sizes) dealt to tasks, largest first
+    onto the least loaded task: at least ``slots`` tasks (every core busy),
+    about ``target_bytes`` each (many small files share a task), never more
+    tasks than items."""
+    if not items:
         return []
-    total = sum(size for _, size in files)
-    count = min(len(files), max(slots, -(-total // target_bytes)))
-    groups: list[list[str]] = [[] for _ in range(count)]
+    total = sum(size for _, size in items)
+    count = min(len(items), max(slots, -(-total // target_bytes)))
+    groups: list[list[T]] = [[] for _ in range(count)]
     load = [(0, i) for i in range(count)]
-    for path, size in sorted(files, key=lambda f: (-f[1], f[0])):
+    for n in sorted(range(len(items)), key=lambda n: (-items[n][1], n)):
         used, i = heapq.heappop(load)
-        groups[i].append(path)
-        heapq.heappush(load, (used + size, i))
+        groups[i].append(items[n][0])
+        heapq.heappush(load, (used + items[n][1], i))
     return groups
+
+
+def decode_units(files: Sequence[tuple[str, int]], slots: int) -> list[tuple[tuple[str, Piece | None], int]]:
+    """What the decode tasks read, with sizes: whole files, except that a local
+    plain file large next to a core's share of the batch is cut into pieces
+    at line starts, so one big file is decoded on every core (and five equal
+    files on two cores end together)."""
+    total = sum(size for _, size in files)
+    unit = max(PIECE_MIN_BYTES, total // (max(1, slots) * 4))
+    out: list[tuple[tuple[str, Piece | None], int]] = []
+    for path, size in files:
+        parts = round(size / unit)
+        pieces = plan_pieces(path, -(-size // parts)) if parts >= 2 and not is_object_store_uri(path) else []
+        if len(pieces) >= 2:
+            out += [((path, p), p.end - p.start) for p in pieces]
+        else:
+            out.append(((path, None), size))
+    return out
 
 
 def _file_tasks(spark: SparkSession, groups: list[list[str]]) -> DataFrame:
@@ -151,9 +172,9 @@ def _file_tasks(spark: SparkSession, groups: list[list[str]]) -> DataFrame:
     return spark.range(0, len(groups), 1, max(1, len(groups)))
 
 
-def _archive_sources(paths: Iterable[str], s3: S3Options) -> Iterator[tuple[str, Source]]:
-    for path in paths:
-        yield local_path(path), functools.partial(open_archive, path, s3)
+def _archive_sources(units: Iterable[tuple[str, Piece | None]], s3: S3Options) -> Iterator[tuple[str, Source, Piece | None]]:
+    for path, piece in units:
+        yield local_path(path), functools.partial(open_archive, path, s3), piece
 
 
 def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str, ctx: DecodeContext) -> tuple[DataFrame, dict]:
@@ -162,7 +183,8 @@ def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str
 
     Returns the DataFrame and the decoder state to persist for the next batch.
     """
-    groups = file_groups(files, spark.sparkContext.defaultParallelism)
+    slots = spark.sparkContext.defaultParallelism
+    groups = file_groups(decode_units(files, slots), slots)
     tasks = _file_tasks(spark, groups)
     s3 = S3Options.from_env()
     decoder = make_decoder(fmt, ctx)
@@ -176,8 +198,8 @@ def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str
             for batch in batches:
                 rows = []
                 for task in batch.column("id").to_pylist():
-                    for path, source in _archive_sources(g[task], store):
-                        for msg in _file_messages(path, source):
+                    for path, source, piece in _archive_sources(g[task], store):
+                        for msg in _file_messages(path, source, piece):
                             if isinstance(msg, RawMessage) and dec.needs_driver(msg):
                                 rows.append({"file": msg.file, "line": msg.line, "text": msg.text})
                 yield pa.RecordBatch.from_pylist(rows, schema=pa.schema([("file", pa.string()), ("line", pa.int64()), ("text", pa.string())]))

@@ -522,8 +522,63 @@ def _maybe_json_text(v: Any, what: str) -> Any:
     return v
 
 
+_ENVELOPE_HEAD, _PAYLOAD_KEY = '{"schema":', ',"payload":'
+_KNOWN_SCHEMAS: dict[str, dict[str, Any]] = {}  # a schema's exact text -> the schema (without floats)
+_KNOWN_SCHEMAS_MAX = 256
+
+
+def _known_envelope(text: str) -> Record | None:
+    """``{"schema":S,"payload":P}`` whose S is a schema text met before: parse
+    only P (a schema is ~80 % of such a line and the same on every line of a
+    table).  None whenever the line is not exactly of that shape or P is not a
+    JSON value by itself: the caller then parses the whole line."""
+    if not text.startswith(_ENVELOPE_HEAD):
+        return None
+    cut = text.find(_PAYLOAD_KEY, len(_ENVELOPE_HEAD))
+    if cut < 0:
+        return None
+    schema = _KNOWN_SCHEMAS.get(text[len(_ENVELOPE_HEAD) : cut])
+    if schema is None:
+        return None
+    body = text.rstrip()
+    if not body.endswith("}"):
+        return None
+    payload_text = body[cut + len(_PAYLOAD_KEY) : -1]
+    try:
+        payload = orjson.loads(payload_text)
+    except orjson.JSONDecodeError:
+        return None
+    if has_float(payload):
+        payload = json.loads(payload_text, parse_float=decimal.Decimal)
+    return Record(payload=payload, schema=schema)
+
+
+def _remember_schema(text: str, obj: dict[str, Any]) -> None:
+    """Keep the schema's exact text when the line starts ``{"schema":S,"payload":``
+    and S parses to the very schema of the line (so the first ',"payload":'
+    is not inside S); schemas holding floats are not kept (their numbers
+    would be parsed exactly with Decimal in the full path)."""
+    if not text.startswith(_ENVELOPE_HEAD) or len(_KNOWN_SCHEMAS) >= _KNOWN_SCHEMAS_MAX:
+        return
+    cut = text.find(_PAYLOAD_KEY, len(_ENVELOPE_HEAD))
+    schema = obj.get("schema")
+    if cut < 0 or type(schema) is not dict or has_float(schema):
+        return
+    schema_text = text[len(_ENVELOPE_HEAD) : cut]
+    try:
+        if orjson.loads(schema_text) == schema:
+            _KNOWN_SCHEMAS[schema_text] = schema
+    except orjson.JSONDecodeError:
+        pass
+
+
 def parse_record(text: str) -> Record:
+    known = _known_envelope(text)
+    if known is not None:
+        return known
     obj = load_json(text)
+    if type(obj) is dict and obj.keys() == {"schema", "payload"}:
+        _remember_schema(text, obj)
     if not isinstance(obj, dict):
         raise DecodeError(f"message is not a JSON object but {type(obj).__name__}")
     if "value" in obj and "payload" not in obj and set(obj) <= _WRAPPER_KEYS:

@@ -11,17 +11,36 @@ import pytest
 pytestmark = pytest.mark.spark
 
 
-def test_apply_a_directory_then_nothing_to_do(spark, settings, tmp_path, monkeypatch, capsys):
-    from cdc_apply import cli
+def _sources(tmp_path, monkeypatch, *names: str, quarantine_max_share: float | None = None) -> None:
+    """A sources file of Debezium PostgreSQL sources (table public.customers, key id), in use."""
+    share = f"    quarantine_max_share: {quarantine_max_share}\n" if quarantine_max_share is not None else ""
+    sources = tmp_path / "sources.yaml"
+    sources.write_text("sources:\n" + "".join(
+        f"  {name}:\n    format: debezium_postgres\n    namespace: {name}\n{share}    tables:\n      public.customers: {{primary_key: [id]}}\n"
+        for name in names))
+    monkeypatch.setenv("CDC_SOURCES_FILE", str(sources))
+
+
+def _demo_archive(folder):
+    """The demo's three hours of changes, one file an hour."""
     from cdc_apply.archive import write_jsonl
     from cdc_apply.demo import demo_changes
 
-    sources = tmp_path / "sources.yaml"
-    sources.write_text("sources:\n  cli_dir:\n    format: debezium_postgres\n    namespace: cli_dir\n    tables:\n      public.customers: {primary_key: [id]}\n")
-    monkeypatch.setenv("CDC_SOURCES_FILE", str(sources))
-    folder = tmp_path / "archives"
     for hour, lines in demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)).items():
         write_jsonl(folder / f"{hour:%Y/%m/%d/%H}" / "customers.jsonl", lines)
+    return folder
+
+
+def _rows(spark, settings, namespace: str) -> set[tuple]:
+    """Every stored row (tombstones too) without the batch-specific columns."""
+    return {tuple(r) for r in spark.table(f"{settings.catalog_name}.{namespace}.customers").drop("_cdc_batch_id", "_cdc_applied_at").collect()}
+
+
+def test_apply_a_directory_then_nothing_to_do(spark, settings, tmp_path, monkeypatch, capsys):
+    from cdc_apply import cli
+
+    _sources(tmp_path, monkeypatch, "cli_dir")
+    folder = _demo_archive(tmp_path / "archives")
 
     assert cli.main(["apply", "--source", "cli_dir", "--dir", str(folder)]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -46,9 +65,8 @@ def test_discovery_reads_only_new_files_and_refuses_changed_applied_ones(spark, 
     from cdc_apply.demo import demo_changes
     from cdc_apply.errors import AlreadyAppliedFileChanged
 
-    sources = tmp_path / "sources.yaml"
-    sources.write_text("sources:\n  verify:\n    format: debezium_postgres\n    namespace: verify\n    tables:\n      public.customers: {primary_key: [id]}\n")
-    s = dataclasses.replace(settings, sources_file=sources, archive_dir=str(tmp_path / "archive"))
+    _sources(tmp_path, monkeypatch, "verify")
+    s = dataclasses.replace(settings, sources_file=tmp_path / "sources.yaml", archive_dir=str(tmp_path / "archive"))
     folder = tmp_path / "archive" / "verify"
     hours = demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
     applied = [write_jsonl(folder / f"{h:%Y/%m/%d/%H}" / "customers.jsonl", lines) for h, lines in hours.items()]
@@ -82,16 +100,7 @@ def test_damaged_archives_quarantine_their_unreadable_lines_and_apply_the_rest(s
     from cdc_apply import cli
     from cdc_apply.demo import demo_changes
 
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(
-        "sources:\n"
-        + "".join(
-            f"  {name}:\n    format: debezium_postgres\n    namespace: {name}\n    quarantine_max_share: 1.0\n"
-            "    tables:\n      public.customers: {primary_key: [id]}\n"
-            for name in ("damaged", "clean")
-        )
-    )
-    monkeypatch.setenv("CDC_SOURCES_FILE", str(sources))
+    _sources(tmp_path, monkeypatch, "damaged", "clean", quarantine_max_share=1.0)
     h0, h1, h2 = (lines for _, lines in sorted(demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)).items()))
     damaged, clean = tmp_path / "damaged", tmp_path / "clean"
 
@@ -125,29 +134,16 @@ def test_damaged_archives_quarantine_their_unreadable_lines_and_apply_the_rest(s
     (clean / "02" / "c.jsonl").write_text("\n".join(h2) + "\n")
     assert cli.main(["apply", "--source", "clean", "--dir", str(clean)]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "complete"
-
-    def rows(ns):
-        return {tuple(r) for r in spark.table(f"{settings.catalog_name}.{ns}.customers").drop("_cdc_batch_id", "_cdc_applied_at").collect()}
-
-    assert rows("damaged") == rows("clean") and rows("clean")
+    assert _rows(spark, settings, "damaged") == _rows(spark, settings, "clean") != set()
 
 
 def test_files_cut_into_pieces_apply_exactly_like_whole_files(spark, settings, tmp_path, monkeypatch, capsys):
     """With the piece floor lowered, every demo file is decoded by several
     tasks: same messages, same line numbers, same rows as whole files."""
     from cdc_apply import cli, decode_stage
-    from cdc_apply.archive import write_jsonl
-    from cdc_apply.demo import demo_changes
 
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(
-        "sources:\n"
-        + "".join(f"  {name}:\n    format: debezium_postgres\n    namespace: {name}\n    tables:\n      public.customers: {{primary_key: [id]}}\n" for name in ("whole", "cut"))
-    )
-    monkeypatch.setenv("CDC_SOURCES_FILE", str(sources))
-    folder = tmp_path / "archives"
-    for hour, lines in demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)).items():
-        write_jsonl(folder / f"{hour:%Y/%m/%d/%H}" / "customers.jsonl", lines)
+    _sources(tmp_path, monkeypatch, "whole", "cut")
+    folder = _demo_archive(tmp_path / "archives")
 
     assert cli.main(["apply", "--source", "whole", "--dir", str(folder)]) == 0
     whole = json.loads(capsys.readouterr().out)
@@ -158,8 +154,4 @@ def test_files_cut_into_pieces_apply_exactly_like_whole_files(spark, settings, t
     cut = json.loads(capsys.readouterr().out)
     assert cut["status"] == whole["status"] == "complete"
     assert cut["messages"] == whole["messages"] and cut["messages"]["read"] == 13
-
-    def rows(ns):
-        return {tuple(r) for r in spark.table(f"{settings.catalog_name}.{ns}.customers").drop("_cdc_batch_id", "_cdc_applied_at").collect()}
-
-    assert rows("cut") == rows("whole") and rows("whole")
+    assert _rows(spark, settings, "cut") == _rows(spark, settings, "whole") != set()

@@ -52,6 +52,13 @@ def test_apply_a_directory_then_nothing_to_do(spark, settings, tmp_path, monkeyp
     assert cli.main(["apply", "--source", "cli_dir", "--dir", str(folder)]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "nothing-to-do"
 
+    # an applied file that changed is refused here too, as discovery refuses it
+    changed = sorted(folder.rglob("*.jsonl"))[0]
+    changed.write_text(changed.read_text() + changed.read_text().splitlines()[0] + "\n")
+    assert cli.main(["apply", "--source", "cli_dir", "--dir", str(folder)]) == cli.EXIT_TERMINAL
+    err = capsys.readouterr().err
+    assert "1 already-applied file(s) changed on disk" in err and str(changed.resolve()) in err
+
 
 def test_discovery_reads_only_new_files_and_refuses_changed_applied_ones(spark, settings, tmp_path, monkeypatch):
     """Applied files are checked by size (a listing), not read again every

@@ -57,7 +57,7 @@ def _emit_table(result, result_file: str, table: str) -> int:
 
 
 def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
-    from .job import finish_batch, list_with_applied, pending_files, publish_batch, run_batch, validate_batch
+    from .job import finish_batch, pending_files, publish_batch, run_batch, validate_batch
     from .results import Override, load_result
 
     if args.stage in ("validate", "publish", "finish"):
@@ -83,11 +83,8 @@ def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
         from .archive import read_manifest
 
         files = read_manifest(args.files_from)
-    elif args.dir:
-        listed, applied = list_with_applied(settings, source, Path(args.dir), since=_ts(args.since), until=_ts(args.until))
-        files = [f for f in listed if applied.get(f.path) != f.sha256]
-    else:
-        files = pending_files(settings, source, since=_ts(args.since), until=_ts(args.until))
+    else:  # --dir: the same rules as the source's own archive folder
+        files = pending_files(settings, source, root=Path(args.dir) if args.dir else None, since=_ts(args.since), until=_ts(args.until))
     stages = ("write", "validate", "publish") if args.stage == "all" else ("write",)
     result = run_batch(
         settings, source.name, files, dry_run=args.dry_run, table_filter=args.table_filter, max_files=args.max_files, stages=stages, override=override

@@ -41,22 +41,22 @@ def batch_id_for(source: str, files: list[ArchiveFile]) -> str:
     return f"{source}_{digest}"
 
 
-def list_with_applied(
-    settings: Settings, source: SourceConfig, root: str | Path, *, until: dt.datetime | None = None, since: dt.datetime | None = None
-) -> tuple[list[ArchiveFile], dict[str, str]]:
-    """The files under ``root`` and the source's applied files (path -> SHA-256).
-    Applied files are fingerprinted by size (their recorded SHA-256 is reused
-    while the size is unchanged) unless ``CDC_VERIFY_APPLIED=sha256``."""
+def pending_files(
+    settings: Settings,
+    source: SourceConfig,
+    *,
+    root: str | Path | None = None,
+    until: dt.datetime | None = None,
+    since: dt.datetime | None = None,
+) -> list[ArchiveFile]:
+    """Files of the source not yet applied (oldest first), under ``root``
+    (default: the source's archive folder); refuses applied files that changed
+    — by size (their recorded SHA-256 is reused while the size is unchanged),
+    or by SHA-256 with ``CDC_VERIFY_APPLIED=sha256``."""
     records = ledger.applied_file_records(settings, source.name)
     known = records if settings.verify_applied == "size" else None
-    files = list_files(root, until=until, since=since, known=known)
-    return files, {path: sha for path, (_, sha) in records.items()}
-
-
-def pending_files(settings: Settings, source: SourceConfig, *, until: dt.datetime | None = None, since: dt.datetime | None = None) -> list[ArchiveFile]:
-    """Files of the source not yet applied (oldest first); refuses changed ones
-    (by size, or by SHA-256 with ``CDC_VERIFY_APPLIED=sha256``)."""
-    files, applied = list_with_applied(settings, source, source.archive_path(settings), until=until, since=since)
+    files = list_files(source.archive_path(settings) if root is None else root, until=until, since=since, known=known)
+    applied = {path: sha for path, (_, sha) in records.items()}
     changed = [f.path for f in files if f.path in applied and applied[f.path] != f.sha256]
     if changed:
         raise AlreadyAppliedFileChanged(

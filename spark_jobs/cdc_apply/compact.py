@@ -66,9 +66,15 @@ def null_key_filter(key_cols: list[str]) -> Column:
 
 
 def label_duplicates(events: DataFrame, key_cols: list[str]) -> DataFrame:
-    """Same key and same position: the first delivery (by file, line) applies."""
-    w = Window.partitionBy(*[quote(k) for k in key_cols], META_POS).orderBy("_cdc_file", "_cdc_line")
-    return events.withColumn("_cdc_label", F.when(F.row_number().over(w) > 1, F.lit(DUPLICATE)).otherwise(F.lit(APPLY)))
+    """Same key and same position: the first delivery (by file, line) applies.
+
+    The window is partitioned by the key alone (the previous event of the key
+    in position order has the same position): the join with the target and
+    the fold then find the events already partitioned by key, and the batch
+    is shuffled once instead of twice."""
+    w = Window.partitionBy(*[quote(k) for k in key_cols]).orderBy(META_POS, "_cdc_file", "_cdc_line")
+    repeated = F.lag(META_POS).over(w) == F.col(META_POS)
+    return events.withColumn("_cdc_label", F.when(repeated, F.lit(DUPLICATE)).otherwise(F.lit(APPLY)))
 
 
 def label_against_target(events: DataFrame, target_state: DataFrame, key_cols: list[str], truncated_at: str | None) -> DataFrame:

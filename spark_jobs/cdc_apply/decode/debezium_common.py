@@ -524,22 +524,23 @@ def _maybe_json_text(v: Any, what: str) -> Any:
 
 _ENVELOPE_HEAD, _PAYLOAD_KEY = '{"schema":', ',"payload":'
 _KNOWN_SCHEMAS: dict[str, dict[str, Any]] = {}  # a schema's exact text -> the schema (without floats)
+_UNUSABLE_SCHEMAS: set[str] = set()  # texts that can never be used: not checked again on every line
 _KNOWN_SCHEMAS_MAX = 256
 
 
-def _known_envelope(text: str) -> Record | None:
-    """``{"schema":S,"payload":P}`` whose S is a schema text met before: parse
-    only P (a schema is ~80 % of such a line and the same on every line of a
-    table).  None whenever the line is not exactly of that shape or P is not a
-    JSON value by itself: the caller then parses the whole line."""
+def _schema_text(text: str) -> tuple[str, int] | None:
+    """(S, where ',"payload":' starts) of a line starting ``{"schema":S,"payload":``."""
     if not text.startswith(_ENVELOPE_HEAD):
         return None
     cut = text.find(_PAYLOAD_KEY, len(_ENVELOPE_HEAD))
-    if cut < 0:
-        return None
-    schema = _KNOWN_SCHEMAS.get(text[len(_ENVELOPE_HEAD) : cut])
-    if schema is None:
-        return None
+    return None if cut < 0 else (text[len(_ENVELOPE_HEAD) : cut], cut)
+
+
+def _payload_only(text: str, cut: int, schema: dict[str, Any]) -> Record | None:
+    """Parse only P of ``{"schema":S,"payload":P}`` whose S is a schema text met
+    before (a schema is ~80 % of such a line and the same on every line of a
+    table).  None whenever the line is not exactly of that shape or P is not
+    a JSON value by itself: the caller then parses the whole line."""
     body = text.rstrip()
     if not body.endswith("}"):
         return None
@@ -553,32 +554,33 @@ def _known_envelope(text: str) -> Record | None:
     return Record(payload=payload, schema=schema)
 
 
-def _remember_schema(text: str, obj: dict[str, Any]) -> None:
-    """Keep the schema's exact text when the line starts ``{"schema":S,"payload":``
-    and S parses to the very schema of the line (so the first ',"payload":'
-    is not inside S); schemas holding floats are not kept (their numbers
-    would be parsed exactly with Decimal in the full path)."""
-    if not text.startswith(_ENVELOPE_HEAD) or len(_KNOWN_SCHEMAS) >= _KNOWN_SCHEMAS_MAX:
+def _remember_schema(schema_text: str, schema: Any) -> None:
+    """Keep S when it parses to the very schema of the line (so the first
+    ',"payload":' is not inside S).  A text that can never be used — not a
+    JSON object by itself, or holding floats (which the full path parses
+    exactly with Decimal) — is remembered as such, so it is checked once."""
+    if len(_KNOWN_SCHEMAS) + len(_UNUSABLE_SCHEMAS) >= _KNOWN_SCHEMAS_MAX:
         return
-    cut = text.find(_PAYLOAD_KEY, len(_ENVELOPE_HEAD))
-    schema = obj.get("schema")
-    if cut < 0 or type(schema) is not dict or has_float(schema):
-        return
-    schema_text = text[len(_ENVELOPE_HEAD) : cut]
     try:
-        if orjson.loads(schema_text) == schema:
-            _KNOWN_SCHEMAS[schema_text] = schema
+        parsed = orjson.loads(schema_text)
     except orjson.JSONDecodeError:
-        pass
+        parsed = None
+    if type(parsed) is not dict or has_float(parsed):
+        _UNUSABLE_SCHEMAS.add(schema_text)
+    elif parsed == schema:
+        _KNOWN_SCHEMAS[schema_text] = schema
 
 
 def parse_record(text: str) -> Record:
-    known = _known_envelope(text)
-    if known is not None:
-        return known
+    head = _schema_text(text)
+    if head is not None and head[0] in _KNOWN_SCHEMAS:
+        known = _payload_only(text, head[1], _KNOWN_SCHEMAS[head[0]])
+        if known is not None:
+            return known
     obj = load_json(text)
-    if type(obj) is dict and obj.keys() == {"schema", "payload"}:
-        _remember_schema(text, obj)
+    fresh = head is not None and head[0] not in _KNOWN_SCHEMAS and head[0] not in _UNUSABLE_SCHEMAS
+    if fresh and type(obj) is dict and obj.keys() == {"schema", "payload"}:
+        _remember_schema(head[0], obj["schema"])
     if not isinstance(obj, dict):
         raise DecodeError(f"message is not a JSON object but {type(obj).__name__}")
     if "value" in obj and "payload" not in obj and set(obj) <= _WRAPPER_KEYS:

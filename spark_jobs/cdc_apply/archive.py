@@ -140,6 +140,7 @@ def fingerprint(path: Path) -> ArchiveFile:
 
 
 CHUNK_BYTES = 1 << 20
+GZIP_MAGIC = b"\x1f\x8b"  # gzip is recognised by its first two bytes, not by the file name
 
 
 def open_archive(path: str, s3: "S3Options | None" = None) -> BinaryIO:
@@ -177,7 +178,7 @@ def plan_pieces(path: str, piece_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> 
     newlines = pos = 0
     target = piece_bytes
     with open(local_path(path), "rb") as f:
-        if f.read(2) == b"\x1f\x8b":
+        if f.read(2) == GZIP_MAGIC:
             return []
         f.seek(0)
         while chunk := f.read(chunk_bytes):
@@ -225,7 +226,7 @@ def iter_lines(path: str, source: Source, chunk_bytes: int = CHUNK_BYTES, piece:
             if not more:
                 break
             head += more
-        if head[:2] != b"\x1f\x8b":
+        if head[:2] != GZIP_MAGIC:
             yield from _split(path, _chunks(head, stream, chunk_bytes))
             return
         good, damage = _gzip_extent(_chunks(head, stream, chunk_bytes))
@@ -235,22 +236,22 @@ def iter_lines(path: str, source: Source, chunk_bytes: int = CHUNK_BYTES, piece:
 
 def _split(path: str, chunks: Iterable[bytes], damage: str | None = None, first_line: int = 1) -> Iterator[RawMessage | tuple[int, str, str]]:
     number = first_line - 1
-    pieces: list[bytes] = []  # the line being read, when it spans chunks
+    partial: list[bytes] = []  # the line being read, when it spans chunks
     for chunk in chunks:
         cut = chunk.find(b"\n")
         if cut < 0:
-            pieces.append(chunk)
+            partial.append(chunk)
             continue
-        pieces.append(chunk[:cut])
+        partial.append(chunk[:cut])
         lines = chunk[cut + 1 :].split(b"\n")
-        lines[0:0] = [b"".join(pieces)]
-        pieces = [lines.pop()]
+        lines[0:0] = [b"".join(partial)]
+        partial = [lines.pop()]
         for raw in lines:
             number += 1
             item = _message(path, number, raw)
             if item is not None:
                 yield item
-    tail = b"".join(pieces)
+    tail = b"".join(partial)
     if damage is not None:
         yield (number + 1, tail.decode("utf-8", "replace"), damage)
         return
@@ -288,7 +289,7 @@ class _Truncated(Exception):
 
 
 def _inflate(chunks: Iterable[bytes]) -> Iterator[bytes | None]:
-    """Decompressed pieces of a gzip stream (concatenated members too), and
+    """Decompressed blocks of a gzip stream (concatenated members too), and
     ``_MEMBER_END`` after each member that checked out.  Raises ``zlib.error``
     on corruption, ``_Truncated`` when the stream stops inside a member."""
     d, fed = zlib.decompressobj(_GZIP), False
@@ -310,11 +311,11 @@ def _gzip_extent(chunks: Iterable[bytes]) -> tuple[int | None, str | None]:
     up to the cut of a truncated one, up to the start of a corrupt member."""
     total = verified = 0
     try:
-        for piece in _inflate(chunks):
-            if piece is _MEMBER_END:
+        for block in _inflate(chunks):
+            if block is _MEMBER_END:
                 verified = total
             else:
-                total += len(piece)
+                total += len(block)
     except _Truncated:
         return total, "truncated gzip file: the stream ends before its end marker"
     except zlib.error as exc:
@@ -322,17 +323,17 @@ def _gzip_extent(chunks: Iterable[bytes]) -> tuple[int | None, str | None]:
     return None, None
 
 
-def _readable(pieces: Iterable[bytes | None], limit: int | None) -> Iterator[bytes]:
+def _readable(blocks: Iterable[bytes | None], limit: int | None) -> Iterator[bytes]:
     """The decompressed bytes, stopped at ``limit`` (None: all of them)."""
     left = limit
     try:
-        for piece in pieces:
-            if piece is _MEMBER_END or not piece:
+        for block in blocks:
+            if block is _MEMBER_END or not block:
                 continue
             if left is not None:
-                piece = piece[:left]
-                left -= len(piece)
-            yield piece
+                block = block[:left]
+                left -= len(block)
+            yield block
             if left == 0:
                 return
     except (_Truncated, zlib.error):

@@ -166,7 +166,7 @@ def decode_units(files: Sequence[tuple[str, int]], slots: int) -> list[tuple[tup
     return out
 
 
-def _file_tasks(spark: SparkSession, groups: list[list[str]]) -> DataFrame:
+def _file_tasks(spark: SparkSession, groups: list[list[tuple[str, Piece | None]]]) -> DataFrame:
     """One row (the group index) per task: the Python tasks open their files
     themselves, so a file's bytes never pass through the JVM."""
     return spark.range(0, len(groups), 1, max(1, len(groups)))

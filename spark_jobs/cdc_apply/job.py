@@ -15,8 +15,8 @@ import datetime as dt
 import hashlib
 import logging
 import time
-from pathlib import Path
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession

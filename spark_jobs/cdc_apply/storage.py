@@ -57,9 +57,8 @@ def s3_endpoint() -> str | None:
 
 
 def s3_path_style() -> bool:
-    """Path-style addressing (http://host/bucket/key) with a custom endpoint, as
-    S3-compatible servers expect; virtual-hosted style on AWS itself."""
-    return s3_endpoint() is not None
+    """``S3Options.path_style`` of the configured store."""
+    return S3Options.from_env().path_style
 
 
 def s3_region() -> str | None:
@@ -157,6 +156,12 @@ class S3Options:
     endpoint: str | None = None
     region: str | None = None
 
+    @property
+    def path_style(self) -> bool:
+        """Path-style addressing (http://host/bucket/key) with a custom endpoint,
+        as S3-compatible servers expect; virtual-hosted style on AWS itself."""
+        return self.endpoint is not None
+
     @classmethod
     def from_env(cls) -> "S3Options":
         return cls(endpoint=s3_endpoint(), region=s3_region())
@@ -168,7 +173,7 @@ def s3_filesystem(options: S3Options | None = None):
     from pyarrow import fs as pafs
 
     options = options or S3Options.from_env()
-    kwargs: dict = {"force_virtual_addressing": options.endpoint is None}
+    kwargs: dict = {"force_virtual_addressing": not options.path_style}
     if options.endpoint:
         parts = urlsplit(options.endpoint if "://" in options.endpoint else f"https://{options.endpoint}")
         kwargs["endpoint_override"] = parts.netloc + parts.path.rstrip("/")
@@ -197,8 +202,8 @@ def list_object_files(root: str, *, since: dt.datetime | None = None, until: dt.
     ``archive.list_files`` with the same rules: archive suffixes only, names
     starting with '.' or '_' skipped, the hour from ``YYYY/MM/DD/HH/`` or
     ``dt=YYYY-MM-DD/hour=HH/`` in the path below ``root``, else from the
-    object's modification time.  ``path`` keeps ``root``'s scheme (what Spark
-    reads); size and SHA-256 come from the object itself, or the SHA-256 from
+    object's modification time.  ``path`` keeps ``root``'s scheme (what the
+    ledger records); size and SHA-256 come from the object itself, or the SHA-256 from
     ``known`` (see ``archive.list_files``)."""
     from pyarrow import fs as pafs
 

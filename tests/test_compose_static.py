@@ -34,6 +34,7 @@ AIRFLOW_REQUIRED_ENV = (
 )
 # Environment variables the code reads that the stack may leave unset: name -> why.
 OPTIONAL_ENV: dict[str, str] = {
+    "CDC_SPARK_REMOTE": "the cdc CLI's Spark Connect server; the DAG's tasks take it from the spark_default connection (type spark_connect)",
     "CDC_OPERATOR": "who an override is recorded for; unset, the DAG owner (AIRFLOW_CTX_DAG_OWNER) is recorded",
 }
 # Names the scanner must find, or the scanner itself is broken.
@@ -319,6 +320,32 @@ def check_spark_master_url(compose: dict, env_example: dict[str, str]) -> list[s
     return problems
 
 
+def check_spark_connect(compose: dict) -> list[str]:
+    """The opt-in Spark Connect server: started by its profile only (it would
+    hold the worker's cores beside spark-submit jobs), bound beyond localhost
+    so the Airflow containers reach it, on the cluster, and wired to the same
+    catalog and settings as the tasks that attach to it."""
+    svcs = services(compose)
+    s = svcs.get("spark-connect")
+    if s is None:
+        return ["missing service spark-connect"]
+    problems = []
+    if "connect" not in (s.get("profiles") or []):
+        problems.append("spark-connect: must be opt-in (profiles: [connect])")
+    words = command_words(s)
+    host = words[words.index("--host") + 1] if "--host" in words[:-1] else None
+    if "connect-server" not in words or host != "0.0.0.0":
+        problems.append("spark-connect: must run `cdc connect-server --host 0.0.0.0`")
+    cdc = {k: v for k, v in environment(s).items() if k.startswith(("CDC_", "AWS_"))}
+    tasks = {k: v for k, v in environment(svcs.get("airflow-scheduler") or {}).items() if k.startswith(("CDC_", "AWS_"))}
+    differ = sorted(k for k in set(cdc) | set(tasks) if cdc.get(k) != tasks.get(k))
+    if differ:
+        problems.append(f"spark-connect: settings differ from the tasks' (the jobs would refuse it): {differ}")
+    if ((s.get("depends_on") or {}).get("spark-master") or {}).get("condition") != "service_healthy":
+        problems.append("spark-connect: must depend on spark-master with condition: service_healthy")
+    return problems
+
+
 def check_shared_archive_and_credentials(compose: dict) -> list[str]:
     """Executors (spark-worker) read the archive files by path and write to S3."""
     problems = []
@@ -436,6 +463,10 @@ def test_spark_connection_matches_the_master(compose, env_example):
     assert check_spark_master_url(compose, env_example) == []
 
 
+def test_spark_connect_server(compose):
+    assert check_spark_connect(compose) == []
+
+
 def test_worker_shares_archive_and_credentials(compose):
     assert check_shared_archive_and_credentials(compose) == []
 
@@ -524,6 +555,13 @@ MUTATIONS = {
     "warehouse with s3a": (_set_env("airflow-scheduler", "CDC_WAREHOUSE", "s3a://${CDC_WAREHOUSE_BUCKET}/"), "warehouse", "s3://"),
     "rest without path style": (_set_env("iceberg-rest", "CATALOG_S3_PATH__STYLE__ACCESS", None), "warehouse", "path-style"),
     "bucket mismatch": (_set_env("minio-init", "WAREHOUSE_BUCKET", "other"), "warehouse", "bucket"),
+    "connect server on another catalog": (_set_env("spark-connect", "CDC_CATALOG_URI", "http://other:8181"), "spark_connect", "CDC_CATALOG_URI"),
+    "connect server always on": (lambda c: c["services"]["spark-connect"].pop("profiles"), "spark_connect", "opt-in"),
+    "connect server on localhost": (
+        lambda c: c["services"]["spark-connect"].update(command=["cdc", "connect-server", "--host", "127.0.0.1"]),
+        "spark_connect",
+        "--host 0.0.0.0",
+    ),
 }
 
 
@@ -544,6 +582,7 @@ def test_mutation_is_caught(name, compose, env_example, code_env):
         "env_refs_defined": lambda c: check_env_refs_defined(c, env_example),
         "spark_master_url": lambda c: check_spark_master_url(c, env_example),
         "shared_archive_and_credentials": lambda c: check_shared_archive_and_credentials(c),
+        "spark_connect": lambda c: check_spark_connect(c),
         "warehouse": lambda c: check_warehouse(c, env_example),
     }[check]
     assert run(compose) == [], "the unmutated file must pass"

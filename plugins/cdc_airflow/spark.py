@@ -2,7 +2,10 @@
 
 The job's code ships as a zip (``--py-files``) and its jars via ``--jars``,
 so it runs unchanged on ``local[*]`` or a standalone cluster: only the
-``spark_default`` connection changes.  A terminal failure of the job (exit
+``spark_default`` connection changes.  A connection of type
+``spark_connect`` runs the same job in the task's process against a
+long-lived Spark Connect server (``cdc connect-server``) instead, which
+saves each task a driver JVM's start.  A terminal failure of the job (exit
 code 2: data or configuration) fails the task *without retry*.
 """
 
@@ -10,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -20,51 +21,16 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 APPLICATION = str(PROJECT_ROOT / "spark_jobs" / "apply_batch.py")
-# A job's JVM lives for one batch (seconds to minutes) and shares few cores
-# with the Python decode workers: the C2 compiler's threads compete with the
-# work and its code arrives too late to pay off.  Measured on 2 cores
-# (bench/README.md): a 1k-event hourly job 27.9 -> 22 s, a 200k-event job
-# 58.6 -> 51.1 s.  Long-lived sessions (tests, notebooks) keep the default.
-# To drop it: CDC_SPARK_CONF_spark__driver__extraJavaOptions= (empty).
-DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
-
-
-def build_code_zip(dest_dir: Path) -> str:
-    """Zip the cdc_apply package for executors (rebuilt when sources changed)."""
-    src = PROJECT_ROOT / "spark_jobs" / "cdc_apply"
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    files = sorted(p for p in src.rglob("*.py"))
-    stamp = str(max((p.stat().st_mtime_ns for p in files), default=0))
-    zpath = dest_dir / f"cdc_apply-{stamp}.zip"
-    if not zpath.exists():
-        tmp = zpath.with_suffix(".tmp")
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-            for p in files:
-                z.write(p, p.relative_to(src.parent).as_posix())
-        tmp.replace(zpath)
-    return str(zpath)
 
 
 def submit_settings() -> dict[str, Any]:
     """conf, jars and py-files for spark-submit, from the environment settings."""
     from cdc_apply.config import Settings
-    from cdc_apply.spark_session import iceberg_conf
+    from cdc_apply.submit import build_code_zip, driver_conf
 
     settings = Settings.from_env()
-    python = os.environ.get("CDC_PYSPARK_PYTHON", sys.executable)
-    conf = {
-        "spark.sql.shuffle.partitions": "8",
-        # the driver JVM (and, on local[*], the executors): Spark's 1 GB default
-        # runs out of heap on an hour of large archive files (see bench/README.md)
-        "spark.driver.memory": os.environ.get("CDC_SPARK_DRIVER_MEMORY", "3g"),
-        "spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS,
-        "spark.ui.showConsoleProgress": "false",
-        "spark.pyspark.python": python,
-        "spark.pyspark.driver.python": python,
-        **iceberg_conf(settings),
-    }
     return {
-        "conf": conf,
+        "conf": driver_conf(settings),
         "jars": ",".join(str(p) for p in settings.jar_paths()),
         "py_files": build_code_zip(settings.home / "dist"),
         "env": {k: v for k, v in os.environ.items() if k.startswith(("CDC_", "AWS_"))},
@@ -94,13 +60,17 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
             save_result(self.result_file, BatchResult(batch_id=None, source=source, status="nothing-to-do", message="no pending files"))
             self.log.info("no pending files for source %s: nothing to submit", source)
             return {"batch_id": None, "status": "nothing-to-do", "messages": {}, "tables": []}
-        s = submit_settings()
-        self.conf = {**s["conf"], **(self.conf or {})}
-        self.jars = s["jars"]
-        self.py_files = s["py_files"]
-        self.env_vars = {**s["env"], **(self.env_vars or {})}
+        remote = self._spark_connect_url()
         try:
-            super().execute(context)
+            if remote:
+                self._run_on_spark_connect(remote)
+            else:
+                s = submit_settings()
+                self.conf = {**s["conf"], **(self.conf or {})}
+                self.jars = s["jars"]
+                self.py_files = s["py_files"]
+                self.env_vars = {**s["env"], **(self.env_vars or {})}
+                super().execute(context)
         except Exception as exc:
             result = self._result()
             if result and result.get("status") == "failed" and _terminal(result):
@@ -113,6 +83,40 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
         return {k: result.get(k) for k in ("batch_id", "status", "messages")} | {
             "tables": [{k: t.get(k) for k in ("table", "status", "counts", "snapshot_id", "data_docs")} for t in result.get("tables", [])]
         }
+
+    def _spark_connect_url(self) -> str | None:
+        """The Spark Connect server's URL when the connection is of type
+        ``spark_connect`` (a long-lived driver), else None (spark-submit)."""
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+        from airflow.sdk import BaseHook
+
+        if BaseHook.get_connection(self._conn_id).conn_type != SparkConnectHook.conn_type:
+            return None
+        return SparkConnectHook(self._conn_id).get_connection_url()
+
+    def _run_on_spark_connect(self, url: str) -> None:
+        """Run the job in this task's process as a client of the Spark Connect
+        server: no JVM to start, the server's is warm.  Same arguments, exit
+        codes and result file as the spark-submit job."""
+        from airflow.sdk.exceptions import AirflowException
+        from cdc_apply.cli import main
+        from pyspark.sql import SparkSession
+
+        self.log.info("running %s on the Spark Connect server %s", " ".join(self.application_args), url.split(";")[0])
+        saved = os.environ.get("CDC_SPARK_REMOTE")
+        os.environ["CDC_SPARK_REMOTE"] = url
+        try:
+            code = main([str(a) for a in self.application_args])
+        finally:
+            session = SparkSession.getActiveSession()
+            if session is not None:
+                session.stop()
+            if saved is None:
+                os.environ.pop("CDC_SPARK_REMOTE", None)
+            else:
+                os.environ["CDC_SPARK_REMOTE"] = saved
+        if code != 0:
+            raise AirflowException(f"the CDC job exited {code} on the Spark Connect server")
 
     def _result(self) -> dict[str, Any] | None:
         if not self.result_file:

@@ -4,6 +4,7 @@
              [--override force|skip --override-reason TEXT]
   cdc status [--source S] [--table NS.T]
   cdc pending --source S [--until ISO]
+  cdc connect-server [--host H] [--port P]   a long-lived driver; jobs attach with CDC_SPARK_REMOTE=sc://H:P
 
 Exit codes: 0 success / nothing to do, 2 terminal failure (data or config:
 do not retry), 1 other failure (may be transient).
@@ -15,11 +16,12 @@ import argparse
 import datetime as dt
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from .config import Settings, get_source, load_sources
-from .errors import TerminalError
+from .errors import CdcError, TerminalError
 
 EXIT_TERMINAL = 2
 
@@ -149,6 +151,18 @@ def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_connect_server(args: argparse.Namespace, settings: Settings) -> int:
+    """Run a Spark Connect server in the foreground (exec of spark-submit):
+    the long-lived driver that jobs attach to with CDC_SPARK_REMOTE."""
+    from .submit import connect_server_command, connect_server_env
+
+    cmd = connect_server_command(settings, host=args.host, port=args.port)
+    print(f"Spark Connect server on {args.host}:{args.port} (master {settings.spark_master}); "
+          f"jobs attach with CDC_SPARK_REMOTE=sc://{args.host}:{args.port}", file=sys.stderr)
+    os.execvpe(cmd[0], cmd, connect_server_env(settings))
+    return 0  # not reached
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cdc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -194,6 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--snapshot-retention-days", type=float)
     m.add_argument("--tombstone-retention-days", type=float)
     m.set_defaults(func=cmd_maintain)
+    c = sub.add_parser(
+        "connect-server",
+        help="run a Spark Connect server with this project's catalog, jars and conf (jobs attach with CDC_SPARK_REMOTE)",
+    )
+    c.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; Spark Connect has no authentication)")
+    c.add_argument("--port", type=int, default=15002)
+    c.set_defaults(func=cmd_connect_server)
     return p
 
 
@@ -206,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     except TerminalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_TERMINAL
+    except CdcError as exc:  # transient: the caller may retry
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -63,6 +63,9 @@ class Settings:
     jars_dir: Path
     sources_file: Path
     spark_master: str
+    spark_remote: str | None = None
+    """A Spark Connect server (``sc://host:port``) that jobs attach to instead
+    of starting their own driver: see ``cdc connect-server``."""
     audit_namespace: str = "cdc_audit"
     extra_spark_conf: dict[str, str] = field(default_factory=dict)
     verify_applied: str = "size"
@@ -86,6 +89,9 @@ class Settings:
         verify_applied = _env("CDC_VERIFY_APPLIED", "size").lower()
         if verify_applied not in ("size", "sha256"):
             raise ConfigError(f"CDC_VERIFY_APPLIED={verify_applied!r}: use 'size' or 'sha256'")
+        spark_remote = _env("CDC_SPARK_REMOTE", "") or None
+        if spark_remote is not None and not spark_remote.startswith("sc://"):
+            raise ConfigError(f"CDC_SPARK_REMOTE={spark_remote!r}: a Spark Connect URL looks like sc://host:15002 (unset it to start a driver per job)")
         extra = {}
         for key, value in os.environ.items():
             if key.startswith("CDC_SPARK_CONF_"):
@@ -101,6 +107,7 @@ class Settings:
             jars_dir=Path(_env("CDC_JARS_DIR", str(home / "jars"))),
             sources_file=Path(_env("CDC_SOURCES_FILE", str(PROJECT_ROOT / "include" / "sources.yaml"))),
             spark_master=_env("CDC_SPARK_MASTER", "local[*]"),
+            spark_remote=spark_remote,
             audit_namespace=validate_identifier(_env("CDC_AUDIT_NAMESPACE", "cdc_audit"), "CDC_AUDIT_NAMESPACE"),
             extra_spark_conf=extra,
             verify_applied=verify_applied,

@@ -177,13 +177,28 @@ def _archive_sources(units: Iterable[tuple[str, Piece | None]], s3: S3Options) -
         yield local_path(path), functools.partial(open_archive, path, s3), piece
 
 
+def parallelism(spark: SparkSession) -> int:
+    """Task slots to plan the decode for: the driver's default parallelism.
+    A Spark Connect client has no SparkContext to ask, so it counts the
+    partitions of ``range`` (which the server splits by that parallelism)."""
+    if not is_remote(spark):
+        return spark.sparkContext.defaultParallelism
+    from pyspark.sql import functions as F
+
+    return int(spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p")).first()[0]) + 1
+
+
+def is_remote(spark: SparkSession) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str, ctx: DecodeContext) -> tuple[DataFrame, dict]:
     """Decode the files, given as (path, size), into a DataFrame of outcome
     rows (``OUTCOME_DDL``).
 
     Returns the DataFrame and the decoder state to persist for the next batch.
     """
-    slots = spark.sparkContext.defaultParallelism
+    slots = parallelism(spark)
     groups = file_groups(decode_units(files, slots), slots)
     tasks = _file_tasks(spark, groups)
     s3 = S3Options.from_env()

@@ -6,6 +6,11 @@ class CdcError(Exception):
     """Root of the project's errors."""
 
 
+class SparkUnavailable(CdcError):
+    """The Spark Connect server did not answer: transient (it may be
+    restarting), so the task is retried."""
+
+
 class TerminalError(CdcError):
     """Retrying will not help: an operator must fix data, suite or config."""
 

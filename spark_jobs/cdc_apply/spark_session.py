@@ -37,10 +37,14 @@ def iceberg_conf(settings: Settings) -> dict[str, str]:
 
 
 def get_spark(settings: Settings, app_name: str = "cdc-apply") -> SparkSession:
-    """The active session if there is one (spark-submit, tests), else a new one."""
+    """The active session if there is one (spark-submit, tests), else a new
+    one: on the Spark Connect server of ``CDC_SPARK_REMOTE``, or a driver of
+    our own."""
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    if settings.spark_remote:
+        return remote_session(settings)
     # Python workers must run the same interpreter (and packages) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if settings.sqlite_path is not None:
@@ -64,3 +68,53 @@ def get_spark(settings: Settings, app_name: str = "cdc-apply") -> SparkSession:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def remote_session(settings: Settings) -> SparkSession:
+    """A session on the Spark Connect server at ``settings.spark_remote``,
+    with this version of the cdc_apply package added for its Python workers.
+
+    The server owns the catalog conf (``cdc connect-server`` starts it from
+    the same settings); a server wired to another catalog or warehouse than
+    this job's pyiceberg side is refused before anything is written."""
+    from .errors import ConfigError, SparkUnavailable
+    from .submit import build_code_zip
+
+    url = settings.spark_remote
+    try:
+        _check_listening(url)
+        spark = SparkSession.builder.remote(url).getOrCreate()
+        server = {key: spark.conf.get(key, None) for key in _catalog_keys(settings)}
+    except Exception as exc:  # grpc's errors carry the cause (refused, DNS, TLS)
+        raise SparkUnavailable(
+            f"cannot reach the Spark Connect server at CDC_SPARK_REMOTE={url}: {str(exc).splitlines()[0][:300]}; "
+            "is it running? (`cdc connect-server` starts one with the same CDC_* settings; unset CDC_SPARK_REMOTE "
+            "to start a driver per job)"
+        ) from exc
+    expected = {key: value for key, value in iceberg_conf(settings).items() if key in server}
+    wrong = {key: (server[key], value) for key, value in expected.items() if server[key] != value}
+    if wrong:
+        spark.stop()
+        detail = "; ".join(f"{key}: server {got!r}, this job {want!r}" for key, (got, want) in wrong.items())
+        raise ConfigError(
+            f"the Spark Connect server at {url} is wired to another catalog than this job ({detail}): "
+            "start the server with the same CDC_CATALOG_* / CDC_WAREHOUSE settings as the jobs"
+        )
+    spark.addArtifacts(build_code_zip(settings.home / "dist"), pyfile=True)
+    return spark
+
+
+def _check_listening(url: str, timeout: float = 10.0) -> None:
+    """Fail at once when nothing listens at the URL: the Connect client
+    itself retries a refused connection for minutes before it gives up."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url.split(";")[0].replace("sc://", "http://", 1))
+    with socket.create_connection((parsed.hostname or "localhost", parsed.port or 15002), timeout=timeout):
+        pass
+
+
+def _catalog_keys(settings: Settings) -> list[str]:
+    cat = f"spark.sql.catalog.{settings.catalog_name}"
+    return [cat, f"{cat}.type", f"{cat}.uri", f"{cat}.warehouse"]

@@ -43,6 +43,8 @@ from typing import Any
 
 import orjson
 
+from cdc_apply.submit import spark_submit_bin
+
 from . import workload as wl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -425,38 +427,22 @@ def orjson_limit(paths: list[str], processes: int) -> dict[str, Any]:
 
 # -- spark-submit ------------------------------------------------------------------
 
-def spark_submit_bin() -> str:
-    cand = Path(sys.executable).parent / "spark-submit"
-    if cand.exists():
-        return str(cand)
-    import pyspark
-
-    return str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
-
-
 def dag_submit_settings() -> tuple[dict[str, Any], str]:
     """The DAG's conf / jars / py-files: ``plugins/cdc_airflow/spark.py``'s
-    ``submit_settings()``; a faithful copy when Airflow cannot be imported."""
+    ``submit_settings()``, or the same from ``cdc_apply.submit`` when Airflow
+    cannot be imported."""
     try:
         from cdc_airflow.spark import submit_settings
 
         return submit_settings(), "cdc_airflow.spark.submit_settings"
     except ImportError:
         from cdc_apply.config import Settings
-        from cdc_apply.spark_session import iceberg_conf
+        from cdc_apply.submit import build_code_zip, driver_conf
 
         settings = Settings.from_env()
-        conf = {"spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false",
-                "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable, **iceberg_conf(settings)}
-        import zipfile
-
-        z = settings.home / "dist" / "cdc_apply.zip"
-        z.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(z, "w") as f:
-            for p in sorted((ROOT / "spark_jobs" / "cdc_apply").rglob("*.py")):
-                f.write(p, p.relative_to(ROOT / "spark_jobs").as_posix())
-        return {"conf": conf, "jars": ",".join(str(p) for p in settings.jar_paths()), "py_files": str(z),
-                "env": {k: v for k, v in os.environ.items() if k.startswith(("CDC_", "AWS_"))}}, "copy of submit_settings (airflow not importable)"
+        return {"conf": driver_conf(settings), "jars": ",".join(str(p) for p in settings.jar_paths()),
+                "py_files": build_code_zip(settings.home / "dist"),
+                "env": {k: v for k, v in os.environ.items() if k.startswith(("CDC_", "AWS_"))}}, "cdc_apply.submit (airflow not importable)"
 
 
 def _run_sampled(cmd: list[str], env: dict[str, str], log: Path, *, sample_rss: bool = False, interval: float = 0.1) -> dict[str, Any]:
@@ -522,6 +508,65 @@ def spark_submit_bare(workdir: Path, master: str) -> dict[str, Any]:
     job.write_text(EMPTY_JOB)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     return _run_sampled([spark_submit_bin(), "--master", master, str(job)], env, workdir / "bare_spark_submit.log")
+
+
+# -- Spark Connect: the DAG's tasks on a long-lived driver -------------------------------------
+
+class ConnectServer:
+    """``cdc connect-server`` on a free port of 127.0.0.1 (the benchmark's
+    settings), stopped with its process group on exit."""
+
+    def __init__(self, workdir: Path) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"sc://127.0.0.1:{self.port}"
+        self.log = workdir / "connect_server.log"
+
+    def __enter__(self) -> "ConnectServer":
+        import socket
+
+        self._out = self.log.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "cdc_apply.cli", "connect-server", "--port", str(self.port)],
+                                     stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 180
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"connect-server exited {self.proc.returncode}; log {self.log}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return self
+            except OSError:
+                if time.time() > deadline:
+                    raise RuntimeError(f"connect-server never listened; log {self.log}")
+                time.sleep(0.5)
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self._out.close()
+
+
+def connect_job(source: str, paths: list[str], workdir: Path, url: str, tag: str) -> dict[str, Any]:
+    """What a DAG task does with a ``spark_connect`` connection: the job
+    (``cdc apply --files-from M``) as a Spark Connect client of the server;
+    wall time of the whole process (interpreter start, imports, the job)."""
+    manifest = workdir / f"{tag}_files.json"
+    manifest.write_text(json.dumps(wl.manifest_entries(paths), indent=1))
+    result_file = workdir / f"{tag}_result.json"
+    cmd = [sys.executable, "-m", "cdc_apply.cli", "apply", "--source", source, "--files-from", str(manifest), "--result-file", str(result_file)]
+    run = _run_sampled(cmd, {**os.environ, "CDC_SPARK_REMOTE": url}, workdir / f"{tag}_connect.log")
+    result = json.loads(result_file.read_text())
+    if result.get("status") != "complete":
+        raise RuntimeError(f"{tag} job ended {result.get('status')}: {result.get('message')}")
+    return run
 
 
 # -- peak RSS of a process tree ------------------------------------------------------

@@ -43,6 +43,7 @@ TARGETS = [
     ("project_vs_limit", ">=", 0.20, "project events/s / orjson decode limit events/s (one process per core)"),
     ("table_size_ratio", "<=", 1.3, "seconds into large table / seconds into small table (spec: 100k events, 10M vs 1M rows)"),
     ("hourly_overhead_ratio", "<=", 2.5, "1k-event batch via the DAG's spark-submit / bare spark-submit of an empty job"),
+    ("hourly_connect_ratio", "<=", 2.5, "1k-event batch via the DAG's Spark Connect path (warm server) / bare spark-submit"),
     ("rss_ratio", "<=", 1.2, "peak RSS (whole process tree) of a 5x batch / of a 1x batch"),
 ]
 
@@ -108,7 +109,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="cProfile the driver during the project's main batch")
     p.add_argument("--dag-driver-memory", help="add --driver-memory to the DAG job's spark-submit (hourly and RSS runs); "
                    "default: none, exactly as the DAG submits (CDC_SPARK_DRIVER_MEMORY, default 3g)")
-    p.add_argument("--skip", action="append", default=[], choices=["textbook", "pyiceberg", "table_size", "hourly", "rss"],
+    p.add_argument("--skip", action="append", default=[], choices=["textbook", "pyiceberg", "table_size", "hourly", "hourly_connect", "rss"],
                    help="leave a contender out (its figures are then missing)")
     for k, v in PRESETS["tiny"].items():
         p.add_argument("--" + k.replace("_", "-"), type=type(v), help=f"override the preset's {k}")
@@ -166,6 +167,8 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         r1_files = hourly_files if reuse_rss else main_wl.write(data / f"rss1_{i}", args.rss_events, args.events_per_file)
         rss_batches.append((r1_files, main_wl.write(data / f"rss5_{i}", args.rss_events * 5, args.events_per_file)))
     rss1, rss5 = rss_batches[0]
+    # the Connect server's first batch (warms its JVM; reported) and the timed one, after the RSS batches
+    connect_batches = [main_wl.write(data / f"connect_{i}", args.hourly_events, args.events_per_file) for i in range(2)]
     pyice_paths = _pick_capped(main_files, args.pyiceberg_cap)
     out["setup_seconds"]["generate_files"] = round(time.perf_counter() - t, 2)
     out["workload"] = {"main": main_files.as_dict(), "hourly": hourly_files.as_dict(), "scale": scale_files.as_dict(),
@@ -267,7 +270,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     # -- hourly batch through spark-submit vs bare spark-submit ---------------------------------
     # -- peak RSS: the DAG's job on a 1x and a 5x batch, each its own process tree --------------
     master = settings.spark_master
-    job = None
+    job = bare = None
     if "hourly" not in args.skip:
         with section("hourly"):
             bare = C.spark_submit_bare(workdir, master)
@@ -300,6 +303,21 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
 
     spark.stop()
 
+    # -- the same hourly batch size through the DAG's Spark Connect path (a long-lived server) ------
+    if "hourly_connect" not in args.skip:
+        with section("hourly_connect"):
+            bare = bare or C.spark_submit_bare(workdir, master)
+            with C.ConnectServer(workdir) as server:
+                first = C.connect_job("bench", connect_batches[0].paths, workdir, server.url, "connect_first")
+                warm = C.connect_job("bench", connect_batches[1].paths, workdir, server.url, "connect_warm")
+            out["hourly_connect"] = {"events": connect_batches[1].events, "first_batch_seconds": round(first["seconds"], 3),
+                                     "job_seconds": round(warm["seconds"], 3), "bare_seconds": round(bare["seconds"], 3),
+                                     "ratio": round(warm["seconds"] / bare["seconds"], 3),
+                                     "measured": "`cdc apply --files-from` as a Spark Connect client (what a DAG task runs in its "
+                                                 "process with a spark_connect connection): interpreter start, imports, the job; "
+                                                 "the server's second batch (its first is first_batch_seconds)"}
+            say(f"hourly via Spark Connect: first batch {first['seconds']:.1f}s, next {warm['seconds']:.1f}s vs bare spark-submit {bare['seconds']:.1f}s")
+
     # -- figures -------------------------------------------------------------------------------
     ratios: dict[str, float] = {}
     pr = res["project"]["events_per_s"]
@@ -312,6 +330,8 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         ratios["table_size_ratio"] = out["table_size"]["ratio"]
     if "hourly" in out:
         ratios["hourly_overhead_ratio"] = out["hourly"]["ratio"]
+    if "hourly_connect" in out:
+        ratios["hourly_connect_ratio"] = out["hourly_connect"]["ratio"]
     if "rss" in out:
         ratios["rss_ratio"] = out["rss"]["ratio"]
     out["ratios"] = ratios
@@ -321,6 +341,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         "project_vs_limit": True,
         "table_size_ratio": args.scale_events >= 100_000 and args.scale_small_rows >= 1_000_000 and args.scale_large_rows >= 10_000_000,
         "hourly_overhead_ratio": args.hourly_events >= 1_000,
+        "hourly_connect_ratio": args.hourly_events >= 1_000,
         "rss_ratio": True,
     }
     out["targets"] = [
@@ -329,7 +350,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         for name, op, thr, meaning in TARGETS if name in ratios
     ]
     section_of = {"project_vs_textbook": "textbook", "project_vs_pyiceberg": "pyiceberg", "table_size_ratio": "table_size",
-                  "hourly_overhead_ratio": "hourly", "rss_ratio": "rss"}
+                  "hourly_overhead_ratio": "hourly", "hourly_connect_ratio": "hourly_connect", "rss_ratio": "rss"}
     for name, op, thr, meaning in TARGETS:
         if name not in ratios and section_of.get(name) in errors:
             out["targets"].append({"name": name, "value": None, "op": op, "threshold": thr, "status": "ERROR",
@@ -370,6 +391,10 @@ def render(out: dict[str, Any]) -> str:
     if "hourly" in out:
         h = out["hourly"]
         lines.append(f"hourly: {h['events']}-event batch via spark-submit {h['job_seconds']:.2f}s, bare spark-submit {h['bare_seconds']:.2f}s")
+    if "hourly_connect" in out:
+        h = out["hourly_connect"]
+        lines.append(f"hourly via Spark Connect: {h['events']}-event batch {h['job_seconds']:.2f}s (the server's first batch "
+                     f"{h['first_batch_seconds']:.2f}s), bare spark-submit {h['bare_seconds']:.2f}s")
     if "rss" in out:
         r = out["rss"]
         lines.append(f"peak RSS (process tree, median of {r['runs']}): {r['events_1x']} events {r['peak_rss_1x_mb']:.0f} MB {r['runs_1x_mb']}, "

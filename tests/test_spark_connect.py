@@ -68,7 +68,10 @@ def test_dag_runs_on_a_spark_connect_server(tmp_path, monkeypatch):
         env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port})
         airflow(env, "db", "migrate")
         airflow(env, "dags", "test", "cdc_apply", "2026-01-01T03:00:00+00:00", timeout=900)
-        check_demo_table(env)
+        table = check_demo_table(env)
+        # the batch's ledger rode on the MERGE's snapshot (session conf of the Connect session)
+        summary = table.current_snapshot().summary
+        assert summary["cdc.batch-id"].startswith("pg_inventory_") and json.loads(summary["cdc.files"]), summary
 
         # the tasks' Spark work ran in the server (its one application), not in drivers of their own
         apps = requests.get(f"http://127.0.0.1:{ui}/api/v1/applications", timeout=10).json()

@@ -100,17 +100,13 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
         codes and result file as the spark-submit job."""
         from airflow.sdk.exceptions import AirflowException
         from cdc_apply.cli import main
-        from pyspark.sql import SparkSession
 
         self.log.info("running %s on the Spark Connect server %s", " ".join(self.application_args), url.split(";")[0])
         saved = os.environ.get("CDC_SPARK_REMOTE")
         os.environ["CDC_SPARK_REMOTE"] = url
         try:
-            code = main([str(a) for a in self.application_args])
+            code = main([str(a) for a in self.application_args])  # releases its session on the server
         finally:
-            session = SparkSession.getActiveSession()
-            if session is not None:
-                session.stop()
             if saved is None:
                 os.environ.pop("CDC_SPARK_REMOTE", None)
             else:

@@ -230,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     except CdcError as exc:  # transient: the caller may retry
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        from .spark_session import stop_remote_session
+
+        stop_remote_session()
 
 
 if __name__ == "__main__":

@@ -181,15 +181,13 @@ def parallelism(spark: SparkSession) -> int:
     """Task slots to plan the decode for: the driver's default parallelism.
     A Spark Connect client has no SparkContext to ask, so it counts the
     partitions of ``range`` (which the server splits by that parallelism)."""
+    from .spark_session import is_remote
+
     if not is_remote(spark):
         return spark.sparkContext.defaultParallelism
     from pyspark.sql import functions as F
 
     return int(spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p")).first()[0]) + 1
-
-
-def is_remote(spark: SparkSession) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str, ctx: DecodeContext) -> tuple[DataFrame, dict]:

@@ -104,6 +104,20 @@ def remote_session(settings: Settings) -> SparkSession:
     return spark
 
 
+def is_remote(spark: SparkSession) -> bool:
+    """A Spark Connect session (no SparkContext, no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def stop_remote_session() -> None:
+    """Release this process's Spark Connect session on the server (its
+    artifacts and state) instead of leaving it to the server's idle timeout.
+    A driver of our own is left alone: spark-submit and tests own it."""
+    active = SparkSession.getActiveSession()
+    if active is not None and is_remote(active):
+        active.stop()
+
+
 def _check_listening(url: str, timeout: float = 10.0) -> None:
     """Fail at once when nothing listens at the URL: the Connect client
     itself retries a refused connection for minutes before it gives up."""

@@ -1,16 +1,21 @@
 """End to end with Airflow's own runner (`airflow dags test cdc_apply`) over
 demo archive files in two tables: a gate failure fails only its table,
 without retry; a forced run publishes; the tables are read back with
-pyiceberg; a run with nothing pending changes nothing."""
+pyiceberg; a run with nothing pending changes nothing.  Once with the
+default driver (a spark-submit job per Spark task), once with the tasks as
+clients of a Spark Connect server (a ``spark_connect`` spark_default)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 from decimal import Decimal
 
 import pytest
 
 from tests.airflow_env import airflow, airflow_env
+from tests.servers import connect_server, free_port
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
 
@@ -71,13 +76,28 @@ def _orders_file(settings) -> None:
     write_jsonl(Path(settings.archive_dir) / "pg_inventory" / "2026/01/01/00" / "orders-0000.jsonl", lines)
 
 
-def test_gate_failure_fails_only_its_table_without_retry_then_a_forced_run_publishes(tmp_path, monkeypatch):
+@pytest.fixture(params=["spark-submit", "spark-connect"])
+def attach_spark(request, tmp_path):
+    """How the DAG's Spark tasks run: ``attach(env)`` leaves spark_default a
+    spark connection (a spark-submit job each), or starts a Spark Connect
+    server with env's settings and points a spark_connect spark_default at it."""
+    with contextlib.ExitStack() as stack:
+
+        def attach(env: dict[str, str]) -> None:
+            if request.param == "spark-connect":
+                port = free_port()
+                stack.enter_context(connect_server(env, port, tmp_path / "connect.log"))
+                env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port})
+
+        yield attach
+
+
+def test_gate_failure_fails_only_its_table_without_retry_then_a_forced_run_publishes(tmp_path, monkeypatch, attach_spark):
     """Two tables, one violating a user expectation (a negative balance in
     customers): the gate fans out per table; customers' validate task fails on
     its first try (terminal: no retry) and its main stays empty, orders
     publishes and emits its Asset; the ledger has both.  An operator's forced
     run then publishes customers, records why, and emits its Asset."""
-    import json
     import sqlite3
 
     from cdc_apply import ledger
@@ -95,6 +115,7 @@ def test_gate_failure_fails_only_its_table_without_retry_then_a_forced_run_publi
         "    tables:\n      public.customers: {primary_key: [id]}\n      public.orders: {primary_key: [id]}\n"
     )
     env = airflow_env(tmp_path / "airflow", tmp_path / "cdc", CDC_EXPECTATIONS_DIR=str(suites), CDC_SOURCES_FILE=str(sources))
+    attach_spark(env)
     monkeypatch.setenv("CDC_HOME", env["CDC_HOME"])
     monkeypatch.setenv("CDC_SOURCES_FILE", str(sources))
     settings = Settings.from_env()

@@ -1,61 +1,33 @@
-"""The cdc_apply DAG on a long-lived Spark Connect server, by changing only the
-spark_default connection to type spark_connect: a real server started by
+"""Jobs on a long-lived Spark Connect server: a real server started by
 `cdc connect-server` (the command docker-compose's spark-connect service
-runs), `airflow dags test`, then the server's own REST API shows that the
-tasks' Spark work ran there.  Also the two ways attaching can go wrong: a
-server wired to another catalog (refused, terminal) and no server (at once,
-retryable)."""
+runs), the CLI's `cdc apply` as its client (CDC_SPARK_REMOTE), then the
+server's own REST API shows that the Spark work ran there.  Also the two ways
+attaching can go wrong: a server wired to another catalog (refused,
+terminal) and no server (at once, retryable).  The DAG's tasks as clients
+(a spark_connect spark_default): tests/test_e2e_dag_runner.py."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.airflow_env import VENV_BIN, airflow, airflow_env
+from tests.airflow_env import VENV_BIN, airflow_env
+from tests.servers import connect_server
 from tests.test_e2e_dag_runner import check_demo_table
 from tests.test_e2e_standalone import free_port
 
-pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
-
-
-@contextlib.contextmanager
-def connect_server(env: dict[str, str], port: int, log: Path):
-    """`cdc connect-server` on 127.0.0.1:port until the block ends."""
-    with log.open("w") as out:
-        proc = subprocess.Popen([str(VENV_BIN / "cdc"), "connect-server", "--port", str(port)], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.time() + 180
-            while True:
-                assert proc.poll() is None, f"connect-server exited {proc.returncode}:\n{log.read_text()[-3000:]}"
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-                assert time.time() < deadline, f"connect-server never listened:\n{log.read_text()[-3000:]}"
-                time.sleep(0.5)
-            yield f"sc://127.0.0.1:{port}"
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def cdc(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(VENV_BIN / "cdc"), *args], env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_dag_runs_on_a_spark_connect_server(tmp_path, monkeypatch):
+def test_jobs_run_on_a_spark_connect_server(tmp_path, monkeypatch):
     from cdc_apply.config import Settings
     from cdc_apply.demo import write_demo_archive
 
@@ -65,15 +37,19 @@ def test_dag_runs_on_a_spark_connect_server(tmp_path, monkeypatch):
     settings = Settings.from_env()
     write_demo_archive(settings)
     with connect_server(env, port, tmp_path / "connect.log") as url:
-        env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port})
-        airflow(env, "db", "migrate")
-        airflow(env, "dags", "test", "cdc_apply", "2026-01-01T03:00:00+00:00", timeout=900)
+        client = {**env, "CDC_SPARK_REMOTE": url}
+        result = tmp_path / "result.json"
+        applied = cdc(client, "apply", "--source", "pg_inventory", "--result-file", str(result))
+        assert applied.returncode == 0, applied.stderr[-3000:]
+        assert json.loads(result.read_text())["status"] == "complete", result.read_text()[-3000:]
         table = check_demo_table(env)
         # the batch's ledger rode on the MERGE's snapshot (session conf of the Connect session)
         summary = table.current_snapshot().summary
-        assert summary["cdc.batch-id"].startswith("pg_inventory_") and json.loads(summary["cdc.files"]), summary
+        assert summary["cdc.batch-id"].startswith("pg_inventory_") and len(json.loads(summary["cdc.files"])) == 3, summary
+        again = cdc(client, "apply", "--source", "pg_inventory", "--result-file", str(result))
+        assert again.returncode == 0 and json.loads(result.read_text())["status"] == "nothing-to-do", again.stderr[-3000:]
 
-        # the tasks' Spark work ran in the server (its one application), not in drivers of their own
+        # the Spark work ran in the server (its one application), not in a driver of the client's own
         apps = requests.get(f"http://127.0.0.1:{ui}/api/v1/applications", timeout=10).json()
         assert [a["name"] for a in apps] == ["cdc-connect"], apps
         jobs = requests.get(f"http://127.0.0.1:{ui}/api/v1/applications/{apps[0]['id']}/jobs", timeout=10).json()

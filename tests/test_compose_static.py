@@ -8,6 +8,7 @@ complain, so every check is known to be able to fail.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
@@ -301,6 +302,10 @@ def check_spark_master_url(compose: dict, env_example: dict[str, str]) -> list[s
         except json.JSONDecodeError:
             problems.append(f"{name}: AIRFLOW_CONN_SPARK_DEFAULT is not JSON")
             continue
+        if conn.get("conn_type") == "spark_connect":  # the tasks are clients of the spark-connect service
+            problems += connect_connection_problems(name, conn, svcs)
+            urls.add(env.get("CDC_SPARK_MASTER", ""))  # the server's master
+            continue
         host = str(conn.get("host", ""))
         if conn.get("conn_type") != "spark" or not host.startswith("spark://"):
             problems.append(f"{name}: AIRFLOW_CONN_SPARK_DEFAULT must be a spark connection to spark://<host>")
@@ -320,18 +325,44 @@ def check_spark_master_url(compose: dict, env_example: dict[str, str]) -> list[s
     return problems
 
 
-def check_spark_connect(compose: dict) -> list[str]:
-    """The opt-in Spark Connect server: started by its profile only (it would
-    hold the worker's cores beside spark-submit jobs), bound beyond localhost
-    so the Airflow containers reach it, on the cluster, and wired to the same
-    catalog and settings as the tasks that attach to it."""
+def connect_connection_problems(name: str, conn: dict, svcs: dict[str, dict]) -> list[str]:
+    """A spark_connect spark_default must name a service running `cdc connect-server` on its port."""
+    server = svcs.get(str(conn.get("host", "")))
+    words = command_words(server or {})
+    if "connect-server" not in words:
+        return [f"{name}: spark_default (spark_connect) host {conn.get('host')!r} is not a service running `cdc connect-server`"]
+    port = int(words[words.index("--port") + 1]) if "--port" in words[:-1] else 15002
+    if conn.get("port") != port:
+        return [f"{name}: spark_default port {conn.get('port')} != the Spark Connect server's port {port}"]
+    return []
+
+
+def spark_default_types(compose: dict, env_example: dict[str, str]) -> set[str]:
+    types = set()
+    for name in AIRFLOW_SERVICES:
+        with contextlib.suppress(json.JSONDecodeError):
+            value = environment(services(compose).get(name) or {}).get("AIRFLOW_CONN_SPARK_DEFAULT", "")
+            types.add(str(json.loads(interpolate(value, env_example)).get("conn_type")))
+    return types
+
+
+def check_spark_connect(compose: dict, env_example: dict[str, str]) -> list[str]:
+    """The Spark Connect server: opt-in by its profile while the tasks
+    spark-submit (it would hold the worker's cores), started by default once
+    spark_default is a spark_connect connection (docs/deploy.md); bound
+    beyond localhost so the Airflow containers reach it, on the cluster, and
+    wired to the same catalog and settings as the tasks that attach to it."""
     svcs = services(compose)
     s = svcs.get("spark-connect")
     if s is None:
         return ["missing service spark-connect"]
     problems = []
-    if "connect" not in (s.get("profiles") or []):
-        problems.append("spark-connect: must be opt-in (profiles: [connect])")
+    gated = "connect" in (s.get("profiles") or [])
+    if "spark_connect" in spark_default_types(compose, env_example):
+        if gated:
+            problems.append("spark-connect: spark_default is a spark_connect connection, so the server must start by default (remove its profile)")
+    elif not gated:
+        problems.append("spark-connect: must be opt-in (profiles: [connect]) while spark_default spark-submits")
     words = command_words(s)
     host = words[words.index("--host") + 1] if "--host" in words[:-1] else None
     if "connect-server" not in words or host != "0.0.0.0":
@@ -463,8 +494,29 @@ def test_spark_connection_matches_the_master(compose, env_example):
     assert check_spark_master_url(compose, env_example) == []
 
 
-def test_spark_connect_server(compose):
-    assert check_spark_connect(compose) == []
+def test_spark_connect_server(compose, env_example):
+    assert check_spark_connect(compose, env_example) == []
+
+
+CONNECT_DEFAULT = '{"conn_type": "spark_connect", "host": "spark-connect", "port": 15002}'
+
+
+def _connect_by_default(c: dict) -> None:
+    """docs/deploy.md's switch, step 1: spark_default becomes the Spark Connect server."""
+    for name in AIRFLOW_SERVICES:
+        c["services"][name]["environment"]["AIRFLOW_CONN_SPARK_DEFAULT"] = CONNECT_DEFAULT
+
+
+def test_the_documented_switch_to_spark_connect_passes(compose, env_example):
+    """The connection of docs/deploy.md, with the server started by default
+    (no profile), passes every check of the connection and the server."""
+    switched = copy.deepcopy(compose)
+    _unshare_env(switched)
+    _connect_by_default(switched)
+    switched["services"]["spark-connect"].pop("profiles")
+    assert check_spark_master_url(switched, env_example) == []
+    assert check_spark_connect(switched, env_example) == []
+    assert CONNECT_DEFAULT in (ROOT / "docs" / "deploy.md").read_text()
 
 
 def test_worker_shares_archive_and_credentials(compose):
@@ -557,6 +609,12 @@ MUTATIONS = {
     "bucket mismatch": (_set_env("minio-init", "WAREHOUSE_BUCKET", "other"), "warehouse", "bucket"),
     "connect server on another catalog": (_set_env("spark-connect", "CDC_CATALOG_URI", "http://other:8181"), "spark_connect", "CDC_CATALOG_URI"),
     "connect server always on": (lambda c: c["services"]["spark-connect"].pop("profiles"), "spark_connect", "opt-in"),
+    "connect default, server still opt-in": (_connect_by_default, "spark_connect", "remove its profile"),
+    "connect default on another port": (
+        lambda c: [_connect_by_default(c), _set_env("airflow-scheduler", "AIRFLOW_CONN_SPARK_DEFAULT", CONNECT_DEFAULT.replace("15002", "15003"))(c)],
+        "spark_master_url",
+        "Spark Connect server's port 15002",
+    ),
     "connect server on localhost": (
         lambda c: c["services"]["spark-connect"].update(command=["cdc", "connect-server", "--host", "127.0.0.1"]),
         "spark_connect",
@@ -582,7 +640,7 @@ def test_mutation_is_caught(name, compose, env_example, code_env):
         "env_refs_defined": lambda c: check_env_refs_defined(c, env_example),
         "spark_master_url": lambda c: check_spark_master_url(c, env_example),
         "shared_archive_and_credentials": lambda c: check_shared_archive_and_credentials(c),
-        "spark_connect": lambda c: check_spark_connect(c),
+        "spark_connect": lambda c: check_spark_connect(c, env_example),
         "warehouse": lambda c: check_warehouse(c, env_example),
     }[check]
     assert run(compose) == [], "the unmutated file must pass"

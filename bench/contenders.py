@@ -33,7 +33,6 @@ import os
 import pstats
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -43,7 +42,7 @@ from typing import Any
 
 import orjson
 
-from cdc_apply.submit import spark_submit_bin
+from cdc_apply.submit import spark_submit_bin, submit_settings
 
 from . import workload as wl
 
@@ -427,24 +426,6 @@ def orjson_limit(paths: list[str], processes: int) -> dict[str, Any]:
 
 # -- spark-submit ------------------------------------------------------------------
 
-def dag_submit_settings() -> tuple[dict[str, Any], str]:
-    """The DAG's conf / jars / py-files: ``plugins/cdc_airflow/spark.py``'s
-    ``submit_settings()``, or the same from ``cdc_apply.submit`` when Airflow
-    cannot be imported."""
-    try:
-        from cdc_airflow.spark import submit_settings
-
-        return submit_settings(), "cdc_airflow.spark.submit_settings"
-    except ImportError:
-        from cdc_apply.config import Settings
-        from cdc_apply.submit import build_code_zip, driver_conf
-
-        settings = Settings.from_env()
-        return {"conf": driver_conf(settings), "jars": ",".join(str(p) for p in settings.jar_paths()),
-                "py_files": build_code_zip(settings.home / "dist"),
-                "env": {k: v for k, v in os.environ.items() if k.startswith(("CDC_", "AWS_"))}}, "cdc_apply.submit (airflow not importable)"
-
-
 def _run_sampled(cmd: list[str], env: dict[str, str], log: Path, *, sample_rss: bool = False, interval: float = 0.1) -> dict[str, Any]:
     # cwd: the log's folder (a JVM crash writes hs_err_pid*.log into the cwd)
     """Run a command to its end; wall seconds and (optionally) the peak RSS of
@@ -479,7 +460,7 @@ def spark_submit_job(source: str, paths: list[str], workdir: Path, master: str, 
     exactly as the DAG's ``apply`` task runs it (conf / jars / py-files from
     ``submit_settings()``, manifest written as discovery writes it); wall time
     of the whole submit, and peak RSS of its process tree."""
-    s, origin = dag_submit_settings()
+    s = submit_settings()
     manifest = workdir / f"{tag}_files.json"
     manifest.write_text(json.dumps(wl.manifest_entries(paths), indent=1))
     result_file = workdir / f"{tag}_result.json"
@@ -494,7 +475,7 @@ def spark_submit_job(source: str, paths: list[str], workdir: Path, master: str, 
     result = json.loads(result_file.read_text())
     if result.get("status") != "complete":
         raise RuntimeError(f"{tag} job ended {result.get('status')}: {result.get('message')}")
-    return {**run, "status": result["status"], "settings_from": origin}
+    return {**run, "status": result["status"]}
 
 
 EMPTY_JOB = """from pyspark.sql import SparkSession
@@ -511,48 +492,6 @@ def spark_submit_bare(workdir: Path, master: str) -> dict[str, Any]:
 
 
 # -- Spark Connect: the DAG's tasks on a long-lived driver -------------------------------------
-
-class ConnectServer:
-    """``cdc connect-server`` on a free port of 127.0.0.1 (the benchmark's
-    settings), stopped with its process group on exit."""
-
-    def __init__(self, workdir: Path) -> None:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"sc://127.0.0.1:{self.port}"
-        self.log = workdir / "connect_server.log"
-
-    def __enter__(self) -> "ConnectServer":
-        import socket
-
-        self._out = self.log.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "cdc_apply.cli", "connect-server", "--port", str(self.port)],
-                                     stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + 180
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"connect-server exited {self.proc.returncode}; log {self.log}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return self
-            except OSError:
-                if time.time() > deadline:
-                    raise RuntimeError(f"connect-server never listened; log {self.log}")
-                time.sleep(0.5)
-
-    def __exit__(self, *exc: Any) -> None:
-        import signal
-
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self._out.close()
-
 
 def connect_job(source: str, paths: list[str], workdir: Path, url: str, tag: str) -> dict[str, Any]:
     """What a DAG task does with a ``spark_connect`` connection: the job

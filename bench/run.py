@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cdc_apply.submit import running_connect_server
+
 from . import contenders as C
 from . import workload as wl
 
@@ -279,7 +281,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
             he, hb = C.file_stats(hourly_files.paths)
             out["hourly"] = {"events": he, "bytes": hb, "job_seconds": round(job["seconds"], 3), "bare_seconds": round(bare["seconds"], 3),
                              "ratio": round(job["seconds"] / bare["seconds"], 3), "target_rows": f"the bench table ({args.base_rows} base rows) after the main batch",
-                             "submit_settings_from": job["settings_from"], "master": master}
+                             "master": master}
             say(f"hourly: job {job['seconds']:.1f}s vs bare spark-submit {bare['seconds']:.1f}s")
     if "rss" not in args.skip:
         with section("rss"):
@@ -307,9 +309,9 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     if "hourly_connect" not in args.skip:
         with section("hourly_connect"):
             bare = bare or C.spark_submit_bare(workdir, master)
-            with C.ConnectServer(workdir) as server:
-                first = C.connect_job("bench", connect_batches[0].paths, workdir, server.url, "connect_first")
-                warm = C.connect_job("bench", connect_batches[1].paths, workdir, server.url, "connect_warm")
+            with running_connect_server(workdir / "connect_server.log") as url:
+                first = C.connect_job("bench", connect_batches[0].paths, workdir, url, "connect_first")
+                warm = C.connect_job("bench", connect_batches[1].paths, workdir, url, "connect_warm")
             out["hourly_connect"] = {"events": connect_batches[1].events, "first_batch_seconds": round(first["seconds"], 3),
                                      "job_seconds": round(warm["seconds"], 3), "bare_seconds": round(bare["seconds"], 3),
                                      "ratio": round(warm["seconds"] / bare["seconds"], 3),

@@ -317,32 +317,3 @@ if __name__ == "__main__":  # manual check: python tests/servers.py
         s3.create_bucket("lake")
         with rest_catalog(Path(tmp), s3, "s3://lake/warehouse") as rest:
             print("s3", s3.endpoint, "rest", rest.uri, file=sys.stderr)
-
-
-@contextlib.contextmanager
-def connect_server(env: dict[str, str], port: int, log: Path) -> Iterator[str]:
-    """`cdc connect-server` (the project's Spark Connect server, as
-    docker-compose's spark-connect service runs it) on 127.0.0.1:port with the
-    settings of ``env``; yields its sc:// URL, stops its process group after."""
-    venv_bin = Path(sys.executable).parent
-    with log.open("w") as out:
-        proc = subprocess.Popen([str(venv_bin / "cdc"), "connect-server", "--port", str(port)], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.time() + 180
-            while True:
-                if proc.poll() is not None:
-                    raise ServerError(f"connect-server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-                with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1):
-                    break
-                if time.time() > deadline:
-                    raise ServerError(f"connect-server never listened:\n{log.read_text()[-3000:]}")
-                time.sleep(0.5)
-            yield f"sc://{HOST}:{port}"
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)

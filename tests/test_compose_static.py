@@ -8,7 +8,6 @@ complain, so every check is known to be able to fail.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import re
@@ -297,9 +296,8 @@ def check_spark_master_url(compose: dict, env_example: dict[str, str]) -> list[s
     urls = set()
     for name in AIRFLOW_SERVICES:
         env = environment(svcs.get(name) or {})
-        try:
-            conn = json.loads(interpolate(env.get("AIRFLOW_CONN_SPARK_DEFAULT", ""), env_example))
-        except json.JSONDecodeError:
+        conn = spark_default(svcs.get(name) or {}, env_example)
+        if conn is None:
             problems.append(f"{name}: AIRFLOW_CONN_SPARK_DEFAULT is not JSON")
             continue
         if conn.get("conn_type") == "spark_connect":  # the tasks are clients of the spark-connect service
@@ -337,13 +335,17 @@ def connect_connection_problems(name: str, conn: dict, svcs: dict[str, dict]) ->
     return []
 
 
+def spark_default(service: dict, env_example: dict[str, str]) -> dict | None:
+    """A service's spark_default connection (None: not JSON)."""
+    try:
+        return json.loads(interpolate(environment(service).get("AIRFLOW_CONN_SPARK_DEFAULT", ""), env_example))
+    except json.JSONDecodeError:
+        return None
+
+
 def spark_default_types(compose: dict, env_example: dict[str, str]) -> set[str]:
-    types = set()
-    for name in AIRFLOW_SERVICES:
-        with contextlib.suppress(json.JSONDecodeError):
-            value = environment(services(compose).get(name) or {}).get("AIRFLOW_CONN_SPARK_DEFAULT", "")
-            types.add(str(json.loads(interpolate(value, env_example)).get("conn_type")))
-    return types
+    conns = (spark_default(services(compose).get(name) or {}, env_example) for name in AIRFLOW_SERVICES)
+    return {str(conn.get("conn_type")) for conn in conns if conn is not None}
 
 
 def check_spark_connect(compose: dict, env_example: dict[str, str]) -> list[str]:

@@ -57,8 +57,7 @@ def test_cdc_maintenance_shape(dagbag):
 def test_submit_settings_tune_the_short_lived_jvm(monkeypatch, tmp_path, dagbag):
     """The DAG's jobs get C1-only JIT (one JVM per batch, see bench/README.md);
     a CDC_SPARK_CONF_ override replaces it, here with nothing."""
-    from cdc_airflow.spark import submit_settings
-    from cdc_apply.submit import DRIVER_JAVA_OPTIONS
+    from cdc_apply.submit import DRIVER_JAVA_OPTIONS, submit_settings
 
     monkeypatch.setenv("CDC_HOME", str(tmp_path))
     monkeypatch.setenv("CDC_JARS_DIR", os.environ.get("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars")))

@@ -14,8 +14,8 @@ from decimal import Decimal
 
 import pytest
 
+from cdc_apply.submit import running_connect_server
 from tests.airflow_env import airflow, airflow_env
-from tests.servers import connect_server, free_port
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
 
@@ -85,9 +85,9 @@ def attach_spark(request, tmp_path):
 
         def attach(env: dict[str, str]) -> None:
             if request.param == "spark-connect":
-                port = free_port()
-                stack.enter_context(connect_server(env, port, tmp_path / "connect.log"))
-                env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port})
+                url = stack.enter_context(running_connect_server(tmp_path / "connect.log", env=env))
+                host, port = url.removeprefix("sc://").rsplit(":", 1)
+                env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)})
 
         yield attach
 

@@ -16,8 +16,9 @@ import time
 import pytest
 import requests
 
+from cdc_apply.submit import running_connect_server
 from tests.airflow_env import VENV_BIN, airflow, airflow_env
-from tests.servers import connect_server, free_port
+from tests.servers import free_port
 from tests.test_e2e_dag_runner import check_demo_table
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
@@ -113,7 +114,7 @@ def test_spark_connect_server_on_a_standalone_cluster(tmp_path, monkeypatch):
         env = airflow_env(tmp_path / "airflow", tmp_path / "cdc", CDC_SPARK_MASTER=master)
         monkeypatch.setenv("CDC_HOME", env["CDC_HOME"])
         write_demo_archive(Settings.from_env())
-        with connect_server(env, free_port(), tmp_path / "connect.log") as url:
+        with running_connect_server(tmp_path / "connect.log", env=env) as url:
             result = tmp_path / "result.json"
             proc = subprocess.run([str(VENV_BIN / "cdc"), "apply", "--source", "pg_inventory", "--result-file", str(result)],
                                   env={**env, "CDC_SPARK_REMOTE": url}, capture_output=True, text=True, timeout=600)

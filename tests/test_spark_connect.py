@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from cdc_apply.submit import running_connect_server
+
 from tests.airflow_env import VENV_BIN, airflow_env
-from tests.servers import connect_server
+from tests.servers import free_port
 from tests.test_e2e_dag_runner import check_demo_table
-from tests.test_e2e_standalone import free_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -31,12 +32,12 @@ def test_jobs_run_on_a_spark_connect_server(tmp_path, monkeypatch):
     from cdc_apply.config import Settings
     from cdc_apply.demo import write_demo_archive
 
-    port, ui = free_port(), free_port()
+    ui = free_port()
     env = airflow_env(tmp_path / "airflow", tmp_path / "cdc", CDC_SPARK_CONF_spark__ui__port=str(ui))
     monkeypatch.setenv("CDC_HOME", env["CDC_HOME"])
     settings = Settings.from_env()
     write_demo_archive(settings)
-    with connect_server(env, port, tmp_path / "connect.log") as url:
+    with running_connect_server(tmp_path / "connect.log", env=env) as url:
         client = {**env, "CDC_SPARK_REMOTE": url}
         result = tmp_path / "result.json"
         applied = cdc(client, "apply", "--source", "pg_inventory", "--result-file", str(result))

@@ -23,20 +23,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 APPLICATION = str(PROJECT_ROOT / "spark_jobs" / "apply_batch.py")
 
 
-def submit_settings() -> dict[str, Any]:
-    """conf, jars and py-files for spark-submit, from the environment settings."""
-    from cdc_apply.config import Settings
-    from cdc_apply.submit import build_code_zip, driver_conf
-
-    settings = Settings.from_env()
-    return {
-        "conf": driver_conf(settings),
-        "jars": ",".join(str(p) for p in settings.jar_paths()),
-        "py_files": build_code_zip(settings.home / "dist"),
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("CDC_", "AWS_"))},
-    }
-
-
 class CdcSparkSubmitOperator(SparkSubmitOperator):
     """SparkSubmitOperator that ships the project's code and jars, then reads
     the job's result file (the batch's, or one table's with ``table``) to
@@ -65,6 +51,8 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
             if remote:
                 self._run_on_spark_connect(remote)
             else:
+                from cdc_apply.submit import submit_settings
+
                 s = submit_settings()
                 self.conf = {**s["conf"], **(self.conf or {})}
                 self.jars = s["jars"]

@@ -159,7 +159,7 @@ def cmd_connect_server(args: argparse.Namespace, settings: Settings) -> int:
     cmd = connect_server_command(settings, host=args.host, port=args.port)
     print(f"Spark Connect server on {args.host}:{args.port} (master {settings.spark_master}); "
           f"jobs attach with CDC_SPARK_REMOTE=sc://{args.host}:{args.port}", file=sys.stderr)
-    os.execvpe(cmd[0], cmd, connect_server_env(settings))
+    os.execvpe(cmd[0], cmd, connect_server_env())
     return 0  # not reached
 
 
@@ -221,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    settings = None
     try:
         settings = Settings.from_env()
         return args.func(args, settings)
@@ -231,9 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        from .spark_session import stop_remote_session
+        if settings is not None and settings.spark_remote:
+            from .spark_session import stop_remote_session
 
-        stop_remote_session()
+            stop_remote_session()
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def pending_files(
     records = ledger.applied_file_records(settings, source.name)
     known = records if settings.verify_applied == "size" else None
     files = list_files(source.archive_path(settings) if root is None else root, until=until, since=since, known=known)
-    applied = {path: sha for path, (_, sha) in records.items()}
+    applied = ledger.sha256_by_path(records)
     changed = [f.path for f in files if f.path in applied and applied[f.path] != f.sha256]
     if changed:
         raise AlreadyAppliedFileChanged(

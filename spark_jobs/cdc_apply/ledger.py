@@ -121,7 +121,12 @@ def read_table_ledger(settings: Settings, identifier: str, catalog=None) -> Tabl
 
 def applied_files(settings: Settings, source: str, catalog=None) -> dict[str, str]:
     """Files of the source's complete batches: path -> sha256."""
-    return {path: sha for path, (_, sha) in applied_file_records(settings, source, catalog).items()}
+    return sha256_by_path(applied_file_records(settings, source, catalog))
+
+
+def sha256_by_path(records: dict[str, tuple[int, str]]) -> dict[str, str]:
+    """path -> sha256 of ``applied_file_records``' path -> (size, sha256)."""
+    return {path: sha for path, (_, sha) in records.items()}
 
 
 def applied_file_records(settings: Settings, source: str, catalog=None) -> dict[str, tuple[int, str]]:

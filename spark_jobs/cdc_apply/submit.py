@@ -9,10 +9,16 @@ the benchmark all build their commands here.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
+from typing import Any, Iterator, Mapping
 
 from .config import Settings
 
@@ -43,12 +49,18 @@ def build_code_zip(dest_dir: Path) -> str:
     return str(zpath)
 
 
-def driver_conf(settings: Settings, *, python: str | None = None, short_lived: bool = True) -> dict[str, str]:
+def worker_python() -> str:
+    """The Python of the driver and its workers: ``CDC_PYSPARK_PYTHON`` (the
+    executors' interpreter path on a cluster), else this interpreter."""
+    return os.environ.get("CDC_PYSPARK_PYTHON", sys.executable)
+
+
+def driver_conf(settings: Settings, *, short_lived: bool = True) -> dict[str, str]:
     """Conf of a driver JVM the project starts: one batch's spark-submit
     (``short_lived``) or a Spark Connect server."""
     from .spark_session import iceberg_conf
 
-    python = python or os.environ.get("CDC_PYSPARK_PYTHON", sys.executable)
+    python = worker_python()
     conf = {
         "spark.sql.shuffle.partitions": "8",
         # the driver JVM (and, on local[*], the executors): Spark's 1 GB default
@@ -63,6 +75,18 @@ def driver_conf(settings: Settings, *, python: str | None = None, short_lived: b
     return {**conf, **iceberg_conf(settings)}
 
 
+def submit_settings() -> dict[str, Any]:
+    """conf, jars, py-files and environment of the DAG's spark-submit job,
+    from the environment settings."""
+    settings = Settings.from_env()
+    return {
+        "conf": driver_conf(settings),
+        "jars": ",".join(str(p) for p in settings.jar_paths()),
+        "py_files": build_code_zip(settings.home / "dist"),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("CDC_", "AWS_"))},
+    }
+
+
 def spark_submit_bin() -> str:
     """The spark-submit of the PySpark this interpreter runs."""
     cand = Path(sys.executable).parent / "spark-submit"
@@ -73,17 +97,18 @@ def spark_submit_bin() -> str:
     return str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
 
 
-def connect_server_env(settings: Settings) -> dict[str, str]:
+def connect_server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment of a Spark Connect server: SPARK_HOME of the pip-installed
     PySpark (its launcher scripts need it outside the venv's PATH), and the
     Python of its UDF workers (the server takes it from PYSPARK_PYTHON, not
     from spark.pyspark.python)."""
     import pyspark
 
+    base = os.environ if base is None else base
     return {
-        **os.environ,
-        "SPARK_HOME": os.environ.get("SPARK_HOME") or str(Path(pyspark.__file__).parent),
-        "PYSPARK_PYTHON": driver_conf(settings)["spark.pyspark.python"],
+        **base,
+        "SPARK_HOME": base.get("SPARK_HOME") or str(Path(pyspark.__file__).parent),
+        "PYSPARK_PYTHON": base.get("CDC_PYSPARK_PYTHON") or sys.executable,
     }
 
 
@@ -103,3 +128,43 @@ def connect_server_command(settings: Settings, *, host: str = "127.0.0.1", port:
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]
     return cmd
+
+
+@contextlib.contextmanager
+def running_connect_server(log: Path, *, port: int | None = None, env: Mapping[str, str] | None = None,
+                           timeout: float = 180) -> Iterator[str]:
+    """``cdc connect-server`` on 127.0.0.1 (``port``, or a free one) with the
+    settings of ``env`` (default: this process's) until the block ends; yields
+    its sc:// URL once it listens.  For the tests and the benchmark: a
+    deployment runs the command as a service (docker-compose's spark-connect)."""
+    from .spark_session import _check_listening
+
+    if port is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    url = f"sc://127.0.0.1:{port}"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "cdc_apply.cli", "connect-server", "--port", str(port)],
+                                env=dict(os.environ if env is None else env), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            deadline = time.time() + timeout
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"connect-server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+                try:
+                    _check_listening(url, timeout=1)
+                    break
+                except OSError:
+                    if time.time() > deadline:
+                        raise RuntimeError(f"connect-server never listened:\n{log.read_text()[-3000:]}") from None
+                    time.sleep(0.5)
+            yield url
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)

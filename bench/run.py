@@ -267,6 +267,9 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
             large_s = C.project_apply(spark, settings, "bench_l", scale_files.paths)["seconds"]
             out["table_size"] = {"events": se, "small_rows": args.scale_small_rows, "large_rows": args.scale_large_rows,
                                  "small_seconds": round(small_s, 3), "large_seconds": round(large_s, 3), "ratio": round(large_s / small_s, 3)}
+            with contextlib.suppress(Exception):  # the profiles are a bonus: where the large table's extra seconds go
+                out["table_size"]["profiles"] = {n: C.spark_jobs_profile(spark, f"project:{n}", secs)["by_statement"]
+                                                 for n, secs in (("bench" if reuse_scale else "bench_s", small_s), ("bench_l", large_s))}
             say(f"table size: {small_s:.1f}s into {args.scale_small_rows} rows, {large_s:.1f}s into {args.scale_large_rows} rows")
 
     # -- hourly batch through spark-submit vs bare spark-submit ---------------------------------

@@ -141,3 +141,75 @@ def test_event_without_a_key_value_fails_the_table_and_changes_nothing(spark, se
     assert t.status == "failed" and t.terminal
     assert "1 event(s) carry no value for key column(s) ['name']" in t.message
     assert rows(spark, settings, ns) == {"1": ("a", "1.00")}
+
+
+# --- the MERGE's key range (merge.key_range_condition) -----------------------
+
+KEYED_KEYS = ["code", "amt", "day", "n"]
+
+
+def keyed(op, key: tuple, v=None, *, pos):
+    """An event of table ``keyed``: a composite key of every type that gets a range literal."""
+    from cdc_apply.model import ChangeEvent, Column, Op
+
+    cols = [Column("code", "string", False), Column("amt", "decimal(12,2)", False), Column("day", "date", False), Column("n", "bigint", False), Column("v", "string")]
+    k = dict(zip(KEYED_KEYS, key))
+    return ChangeEvent(
+        format="debezium_postgres", database="db", schema="public", table="keyed", op=Op(op), key_columns=KEYED_KEYS,
+        after={**k, "v": v} if op != "d" else {}, before=k if op == "d" else None, position=f"{pos:020d}", columns=cols,
+        file="", line=pos, commit_ts_us=1_700_000_000_000_000 + pos,
+    )
+
+
+def test_keys_of_every_literal_type_are_matched_through_the_range(spark, settings, ns):
+    """The range's literals (quotes, backslashes, non-ASCII, empty text,
+    negative and large decimals, bigint extremes, dates) must keep every
+    batch key inside it: a key outside would not match its row, and the
+    MERGE would insert it a second time (the gate's uniqueness check)."""
+    keys = [
+        ("O'Br\\ien", "-0.50", "2024-02-29", str(-(2**63))),
+        ("ü", "9999999999.99", "1970-01-01", str(2**63 - 1)),
+        ("", "0.00", "9999-12-31", "0"),
+    ]
+    cols = {"code": "string", "amt": "decimal(12,2)", "day": "date", "n": "bigint", "v": "string"}
+    r1 = apply_events(spark, settings, ns, [keyed("c", k, "old", pos=i + 1) for i, k in enumerate(keys)])
+    new_key = ("zz", "-9999999999.99", "0001-01-01", "7")
+    b2 = [keyed("u", keys[0], "new0", pos=10), keyed("u", keys[1], "new1", pos=11), keyed("d", keys[2], pos=12), keyed("c", new_key, "new", pos=13)]
+    r2 = apply_events(spark, settings, ns, b2)
+    assert (r1.status, r2.status) == ("complete", "complete"), r2.tables[0].message
+    assert r2.tables[0].counts["updated"] == 2 and r2.tables[0].counts["deleted"] == 1 and r2.tables[0].counts["inserted"] == 1
+    got = {k: v["v"] for k, v in live_rows(spark, settings, ns, "keyed", KEYED_KEYS, cols).items()}
+    assert got == {keys[0]: "new0", keys[1]: "new1", new_key: "new"}
+    assert spark.table(f"{settings.catalog_name}.{ns}.keyed").count() == 4  # 3 live rows + the tombstone, no duplicates
+
+
+@pytest.mark.parametrize("mode", ["copy-on-write", "merge-on-read"])
+def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settings, ns, mode):
+    """Targets are copy-on-write; a table fed by small batches of scattered
+    keys can be switched to merge-on-read (README, "Table layout"), and the
+    apply then writes a position delete instead of rewriting the data file.
+    Either way the MERGE's target scan carries the batch's key range, so
+    data files outside it are not read."""
+    from cdc_apply import merge, tables
+
+    apply_events(spark, settings, ns, [event("c", k, {"name": "a", "amount": "1.00"}, pos=k) for k in range(1, 4)])
+    ident = f"{settings.catalog_name}.{ns}.items"
+    props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {ident}").collect()}
+    assert props.get("write.merge.mode", "copy-on-write") == "copy-on-write"
+    spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('write.merge.mode'='{mode}')")
+    apply_events(spark, settings, ns, [event("c", k, {"name": "b", "amount": "2.00"}, pos=k) for k in range(101, 104)])
+    apply_events(spark, settings, ns, [event("u", 102, {"name": "c", "amount": "3.00"}, pos=200)])
+    summary = spark.sql(f"SELECT summary FROM {ident}.snapshots WHERE summary['spark.merge-into.num-target-rows-updated'] = '1'").collect()
+    written = [(s[0].get("added-position-deletes"), s[0].get("deleted-data-files")) for s in summary]
+    assert written == ([("1", None)] if mode == "merge-on-read" else [(None, "1")]), summary
+    assert rows(spark, settings, ns) == {"1": ("a", "1.00"), "2": ("a", "1.00"), "3": ("a", "1.00"), "101": ("b", "2.00"), "102": ("c", "3.00"), "103": ("b", "2.00")}
+
+    spec = tables.TableSpec(identifier=ident, short=f"{ns}.items", key_columns=["id"], columns=COLS)
+    spark.sql(  # one net change, shaped as compact.merge_source
+        "SELECT CAST(id AS int) AS id, 'x' AS name, CAST(1 AS decimal(10,2)) AS amount, array('name') AS _cdc_present, 'upsert' AS _cdc_action, "
+        "'table' AS _cdc_base, '9' AS _cdc_pos, 'u' AS _cdc_op, current_timestamp() AS _cdc_commit_ts, CAST(NULL AS string) AS _cdc_tx_id FROM range(102, 103)"
+    ).createOrReplaceTempView("_probe")
+    plan = spark.sql("EXPLAIN " + merge.merge_sql(spec, "main", "_probe", "probe", {"id": (101, 103)})).collect()[0][0]
+    scans = [line for line in plan.splitlines() if "BatchScan" in line and ident in line]
+    assert scans and all("filters=id >= 101, id <= 103" in line for line in scans), plan
+    assert "BETWEEN" not in merge.merge_sql(spec, "main", "_probe", "probe", None)

@@ -185,6 +185,9 @@ class Accounting(NamedTuple):
     position_max: str | None
     null_keys: int
     """events without a value for a key column: the caller refuses the table"""
+    key_ranges: dict[str, tuple]
+    """(lowest, highest) value of each key column among the batch's net changes,
+    for the MERGE to prune the target's files (merge.key_range_condition)"""
 
 
 def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str]) -> Accounting:
@@ -210,7 +213,10 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str]) -> A
         F.sum(F.when((F.col("_cdc_action") == "delete") & ~F.col("_cdc_stored_live"), 1).otherwise(0)).alias("noop_deletes"),
         F.sum(F.col("_cdc_events") - 1).alias("compacted"),
         F.count(F.lit(1)).alias("keys"),
+        *[F.min(quote(k)).alias(f"_lo{i}") for i, k in enumerate(key_cols)],
+        *[F.max(quote(k)).alias(f"_hi{i}") for i, k in enumerate(key_cols)],
     ).collect()[0]
+    key_ranges = {k: (agg[f"_lo{i}"], agg[f"_hi{i}"]) for i, k in enumerate(key_cols) if agg[f"_lo{i}"] is not None}
     counts = {k: int(agg[k] or 0) for k in ("inserted", "updated", "deleted", "noop_deletes", "compacted", "keys")}
     counts["duplicates"] = int(by_label.get(DUPLICATE, 0))
     # folded-away events were superseded by a later event of their key in this batch
@@ -219,4 +225,4 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str]) -> A
     final = counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop_deletes"]
     if not null_keys and applied_events != final + (counts["superseded"] - int(by_label.get(SUPERSEDED, 0))):
         raise AssertionError(f"accounting does not add up: {applied_events} events vs {counts}")
-    return Accounting(counts, min(lows, default=None), max(highs, default=None), null_keys)
+    return Accounting(counts, min(lows, default=None), max(highs, default=None), null_keys, key_ranges)

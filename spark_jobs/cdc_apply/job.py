@@ -351,7 +351,7 @@ def _apply_table(
         labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at).persist()
         folded = compact.fold_per_key(labelled, spec.key_columns).persist()
         try:
-            counts, tr.position_min, tr.position_max, null_keys = compact.accounting(labelled, folded, spec.key_columns)
+            counts, tr.position_min, tr.position_max, null_keys, key_ranges = compact.accounting(labelled, folded, spec.key_columns)
             if null_keys:  # before anything is merged: the branch is reset by the next attempt
                 raise ConfigError(f"{spec.identifier}: {null_keys} event(s) carry no value for key column(s) {spec.key_columns}")
             counts["truncates"] = int(truncs["n"])
@@ -361,7 +361,7 @@ def _apply_table(
             props = ledger.summary_properties(batch_id, [f.as_dict() for f in new_files], position_max=tr.position_max, truncated_at=truncated_at, counts=counts)
             with merge.snapshot_properties(spark, props):
                 source_df = compact.merge_source(folded, spec.key_columns, spec.columns)
-                merge.merge_changes(spark, spec, branch, source_df, batch_id)
+                merge.merge_changes(spark, spec, branch, source_df, batch_id, key_ranges)
                 if merge.branch_snapshot(spark, spec, branch) == start_snapshot or truncs["n"]:
                     merge.ledger_commit(spark, spec, branch)
             tr.branch = branch

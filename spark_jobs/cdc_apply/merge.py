@@ -65,10 +65,51 @@ def apply_truncate(spark: SparkSession, spec: TableSpec, branch: str, truncated_
     spark.sql(f"DELETE FROM {branch_ref(spec, branch)} WHERE _cdc_position < '{_sql_str(truncated_at)}'")
 
 
-def merge_changes(spark: SparkSession, spec: TableSpec, branch: str, source: DataFrame, batch_id: str) -> None:
+def key_range_condition(spec: TableSpec, key_ranges: dict[str, tuple] | None) -> list[str]:
+    """``t.k BETWEEN lo AND hi`` per key column, from the batch's own keys.
+
+    Redundant for the join (a matching target row has a batch key) but, being
+    on the target alone, pushed into its scan: Iceberg skips the data files
+    whose key bounds miss the batch.  Merge-on-read needs it (copy-on-write
+    prunes by matched files at run time, merge-on-read reads every file);
+    the MERGE has no ``NOT MATCHED BY SOURCE`` clause, whose meaning it would
+    change.  Only types whose literals are exact get one."""
+    conds = []
+    for k, (lo, hi) in (key_ranges or {}).items():
+        lit_lo, lit_hi = _literal(lo, spec.columns[k]), _literal(hi, spec.columns[k])
+        if lit_lo is not None and lit_hi is not None:
+            conds.append(f"t.{quote(k)} BETWEEN {lit_lo} AND {lit_hi}")
+    return conds
+
+
+def _literal(value, spark_type: str) -> str | None:
+    if value is None:
+        return None
+    if spark_type in ("tinyint", "smallint", "int", "bigint"):
+        return f"CAST('{int(value)}' AS {spark_type})"
+    if spark_type.startswith("decimal("):
+        return f"CAST('{value:f}' AS {spark_type})"  # fixed-point text: exact, no exponent
+    if spark_type == "string":
+        return f"'{_sql_str(value)}'"
+    if spark_type == "date":
+        return f"DATE '{value.isoformat()}'"
+    return None  # timestamps (time zones), floats, binary: no range, still correct
+
+
+def merge_changes(
+    spark: SparkSession, spec: TableSpec, branch: str, source: DataFrame, batch_id: str, key_ranges: dict[str, tuple] | None = None
+) -> None:
     view = f"_cdc_src_{abs(hash((spec.identifier, batch_id)))}"
     source.createOrReplaceTempView(view)
-    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key_columns)
+    try:
+        spark.sql(merge_sql(spec, branch, view, batch_id, key_ranges))
+    finally:
+        spark.catalog.dropTempView(view)
+
+
+def merge_sql(spec: TableSpec, branch: str, view: str, batch_id: str, key_ranges: dict[str, tuple] | None = None) -> str:
+    """The MERGE of the net changes in ``view`` (compact.merge_source) into the branch."""
+    on = " AND ".join([f"t.{quote(k)} = s.{quote(k)}" for k in spec.key_columns] + key_range_condition(spec, key_ranges))
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
     batch = _sql_str(batch_id)
     meta = (
@@ -83,7 +124,7 @@ def merge_changes(spark: SparkSession, spec: TableSpec, branch: str, source: Dat
     tomb = [f"{quote(c)} = NULL" for c in data_cols]
     insert_cols = [quote(c) for c in spec.key_columns + data_cols]
     insert_vals = [f"s.{quote(c)}" for c in spec.key_columns + data_cols]
-    sql = f"""
+    return f"""
     MERGE INTO {branch_ref(spec, branch)} t
     USING {view} s
     ON {on}
@@ -96,10 +137,6 @@ def merge_changes(spark: SparkSession, spec: TableSpec, branch: str, source: Dat
       VALUES ({', '.join(insert_vals)}, s.{META_POS}, s._cdc_op, s._cdc_action = 'delete', s._cdc_commit_ts, s._cdc_tx_id,
               '{batch}', current_timestamp())
     """
-    try:
-        spark.sql(sql)
-    finally:
-        spark.catalog.dropTempView(view)
 
 
 def ledger_commit(spark: SparkSession, spec: TableSpec, branch: str) -> None:

@@ -54,7 +54,7 @@ for _p in (ROOT / "spark_jobs", ROOT / "plugins"):
 
 # -- environment ------------------------------------------------------------------
 
-def sources_yaml(names: list[str]) -> str:
+def sources_yaml(names: list[str], merge_mode: str | None = None) -> str:
     lines = ["sources:"]
     for n in names:
         lines += [
@@ -62,6 +62,7 @@ def sources_yaml(names: list[str]) -> str:
             "    format: debezium_postgres",
             f"    namespace: {n}",
             "    quarantine_max_share: 0.0",
+            *([f"    merge_mode: {merge_mode}"] if merge_mode else []),
             "    tables:",
             f"      {wl.SCHEMA_NAME}.{wl.TABLE}: {{primary_key: [{wl.KEY}]}}",
         ]
@@ -493,7 +494,7 @@ def spark_submit_bare(workdir: Path, master: str) -> dict[str, Any]:
 
 # -- Spark Connect: the DAG's tasks on a long-lived driver -------------------------------------
 
-def connect_job(source: str, paths: list[str], workdir: Path, url: str, tag: str) -> dict[str, Any]:
+def connect_job(source: str, paths: list[str], workdir: Path, url: str, tag: str, sources_file: Path | None = None) -> dict[str, Any]:
     """What a DAG task does with a ``spark_connect`` connection: the job
     (``cdc apply --files-from M``) as a Spark Connect client of the server;
     wall time of the whole process (interpreter start, imports, the job)."""
@@ -501,11 +502,12 @@ def connect_job(source: str, paths: list[str], workdir: Path, url: str, tag: str
     manifest.write_text(json.dumps(wl.manifest_entries(paths), indent=1))
     result_file = workdir / f"{tag}_result.json"
     cmd = [sys.executable, "-m", "cdc_apply.cli", "apply", "--source", source, "--files-from", str(manifest), "--result-file", str(result_file)]
-    run = _run_sampled(cmd, {**os.environ, "CDC_SPARK_REMOTE": url}, workdir / f"{tag}_connect.log")
+    env = {**os.environ, "CDC_SPARK_REMOTE": url, **({"CDC_SOURCES_FILE": str(sources_file)} if sources_file else {})}
+    run = _run_sampled(cmd, env, workdir / f"{tag}_connect.log")
     result = json.loads(result_file.read_text())
     if result.get("status") != "complete":
         raise RuntimeError(f"{tag} job ended {result.get('status')}: {result.get('message')}")
-    return run
+    return {**run, "schema_changes": [c for t in result.get("tables", []) for c in t.get("schema_changes", [])]}
 
 
 # -- peak RSS of a process tree ------------------------------------------------------

@@ -16,10 +16,12 @@ _counter = itertools.count()
 
 
 def apply_events(
-    spark, settings, namespace: str, outcomes: list[Outcome], *, primary_keys=None, quarantine_max_share=1.0, batch_tag: str | None = None, override=None
+    spark, settings, namespace: str, outcomes: list[Outcome], *, primary_keys=None, quarantine_max_share=1.0, batch_tag: str | None = None, override=None,
+    merge_mode: str | None = None,
 ) -> BatchResult:
     """Apply one batch of outcomes; each distinct ``file`` is a batch file."""
-    source = SourceConfig(name=namespace, format="debezium_postgres", namespace=namespace, primary_keys=primary_keys or {}, quarantine_max_share=quarantine_max_share)
+    source = SourceConfig(name=namespace, format="debezium_postgres", namespace=namespace, primary_keys=primary_keys or {}, quarantine_max_share=quarantine_max_share,
+                          merge_mode=merge_mode)
     tag = batch_tag or f"b{next(_counter)}"
     for o in outcomes:  # events without a file belong to a file of this batch
         if not o.file:

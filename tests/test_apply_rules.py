@@ -213,3 +213,43 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
     scans = [line for line in plan.splitlines() if "BatchScan" in line and ident in line]
     assert scans and all("filters=id >= 101, id <= 103" in line for line in scans), plan
     assert "BETWEEN" not in merge.merge_sql(spec, "main", "_probe", "probe", None)
+
+
+def test_a_source_merge_mode_is_kept_on_its_tables(spark, settings, ns):
+    """``merge_mode`` in sources.yaml sets ``write.merge.mode`` when a table is
+    created and puts it back when it differs; left out, a table keeps its own."""
+    ident = f"{settings.catalog_name}.{ns}.items"
+
+    def mode():
+        props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {ident}").collect()}
+        return props.get("write.merge.mode", "copy-on-write")
+
+    def last_update():
+        main = f"(SELECT snapshot_id FROM {ident}.refs WHERE name = 'main')"
+        s = spark.sql(f"SELECT summary FROM {ident}.snapshots WHERE snapshot_id = {main}").collect()[0][0]
+        return s.get("added-position-deletes"), s.get("deleted-data-files")
+
+    r = apply_events(spark, settings, ns, [event("c", k, {"name": "a", "amount": "1.00"}, pos=k) for k in (1, 2)], merge_mode="merge-on-read")
+    assert (r.tables[0].schema_changes, mode()) == (["created table"], "merge-on-read")
+    r = apply_events(spark, settings, ns, [event("u", 1, {"name": "b"}, pos=10)], merge_mode="merge-on-read")
+    assert (r.tables[0].schema_changes, last_update()) == ([], ("1", None))
+    r = apply_events(spark, settings, ns, [event("u", 2, {"name": "c"}, pos=11)], merge_mode="copy-on-write")
+    assert (r.tables[0].schema_changes, mode(), last_update()) == (["write.merge.mode merge-on-read -> copy-on-write"], "copy-on-write", (None, "1"))
+    spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('write.merge.mode'='merge-on-read')")  # by hand
+    r = apply_events(spark, settings, ns, [event("u", 1, {"name": "d"}, pos=12)])
+    assert (r.tables[0].schema_changes, mode(), last_update()) == ([], "merge-on-read", ("1", None))
+    assert rows(spark, settings, ns) == {"1": ("d", "1.00"), "2": ("c", "1.00")}
+
+
+def test_an_unknown_merge_mode_is_refused_with_the_choices(settings, tmp_path):
+    import dataclasses
+
+    from cdc_apply.config import load_sources
+    from cdc_apply.errors import ConfigError
+
+    f = tmp_path / "sources.yaml"
+    f.write_text("sources:\n  s:\n    format: debezium_postgres\n    merge_mode: merge-on-write\n")
+    with pytest.raises(ConfigError, match=r"merge_mode of source 's' is 'merge-on-write'; use one of \['copy-on-write', 'merge-on-read'\]"):
+        load_sources(dataclasses.replace(settings, sources_file=f))
+    f.write_text("sources:\n  s:\n    format: debezium_postgres\n    merge_mode: merge-on-read\n")
+    assert load_sources(dataclasses.replace(settings, sources_file=f))["s"].merge_mode == "merge-on-read"

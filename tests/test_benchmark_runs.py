@@ -39,7 +39,8 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
         for key in ("events", "bytes", "seconds", "events_per_s", "mb_per_s"):
             assert c[key] > 0, (name, key, c)
 
-    for name in ("project_vs_textbook", "project_vs_pyiceberg", "project_vs_limit", "table_size_ratio", "hourly_overhead_ratio", "hourly_connect_ratio", "rss_ratio"):
+    for name in ("project_vs_textbook", "project_vs_pyiceberg", "project_vs_limit", "table_size_ratio", "hourly_overhead_ratio", "hourly_connect_ratio",
+                 "hourly_connect_mor_ratio", "rss_ratio"):
         assert res["ratios"][name] > 0, name
     assert {t["name"] for t in res["targets"]} == set(res["ratios"])
     assert all(t["status"] in ("PASS", "MISS") for t in res["targets"])
@@ -50,6 +51,9 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
     assert h["job_seconds"] > 0 and h["bare_seconds"] > 0
     hc = res["hourly_connect"]
     assert hc["job_seconds"] > 0 and hc["first_batch_seconds"] > 0 and hc["events"] == h["events"]
+    hm = res["hourly_connect_mor"]
+    assert hm["job_seconds"] > 0 and hm["switch_batch_seconds"] > 0 and hm["events"] == h["events"]
+    assert hm["switch_batch_schema_changes"] == ["write.merge.mode copy-on-write -> merge-on-read"]
     r = res["rss"]
     assert r["peak_rss_1x_mb"] > 0 and r["peak_rss_5x_mb"] > 0 and r["events_5x"] >= 4 * r["events_1x"]
     assert len(r["runs_1x_mb"]) == len(r["runs_5x_mb"]) == r["runs"] == 2  # each run its own batch of files

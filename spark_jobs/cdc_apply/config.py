@@ -164,6 +164,9 @@ class Settings:
 # Sources: which archive folder holds which format, and table keys.
 
 
+MERGE_MODES = ("copy-on-write", "merge-on-read")
+
+
 @dataclass(frozen=True)
 class SourceConfig:
     name: str
@@ -173,6 +176,9 @@ class SourceConfig:
     primary_keys: dict[str, list[str]] = field(default_factory=dict)
     quarantine_max_share: float = 0.05
     """Fail the batch when more than this share of its messages is quarantined."""
+    merge_mode: str | None = None
+    """``write.merge.mode`` every table of the source is kept at (``merge-on-read``
+    for small batches of scattered keys); None leaves each table's own setting."""
 
     def archive_path(self, settings: Settings) -> str:
         return f"{settings.archive_dir.rstrip('/')}/{self.name}"
@@ -200,6 +206,9 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             if not pk or not isinstance(pk, list):
                 raise ConfigError(f"{path}: table {table!r} of source {name!r} needs primary_key: [col, ...]")
             keys[str(table)] = [str(c) for c in pk]
+        merge_mode = spec.get("merge_mode")
+        if merge_mode is not None and merge_mode not in MERGE_MODES:
+            raise ConfigError(f"{path}: merge_mode of source {name!r} is {merge_mode!r}; use one of {list(MERGE_MODES)} (or leave it out)")
         share = float(spec.get("quarantine_max_share", 0.05))
         if not 0.0 <= share <= 1.0:
             raise ConfigError(f"{path}: quarantine_max_share of source {name!r} must be between 0 and 1")
@@ -209,6 +218,7 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             namespace=validate_identifier(spec.get("namespace", name), f"namespace of source {name!r}"),
             primary_keys=keys,
             quarantine_max_share=share,
+            merge_mode=merge_mode,
         )
     return sources
 

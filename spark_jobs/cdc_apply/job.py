@@ -327,10 +327,12 @@ def _apply_table(
             tr.counts = {"events": ev.count()}
             return tr
         if not exists:
-            tables.create_table(spark, spec, source.name)
+            tables.create_table(spark, spec, source.name, source.merge_mode)
             tr.schema_changes.append("created table")
         else:
             tr.schema_changes += tables.evolve(spark, spec)
+            if source.merge_mode:
+                tr.schema_changes += tables.keep_merge_mode(spark, spec.identifier, source.merge_mode)
 
         if len(new_files) < len(files):  # some files were applied to this table already: count the rest
             truncs = ev.where("op = 't'").agg(F.max("position").alias("p"), F.count(F.lit(1)).alias("n")).collect()[0]

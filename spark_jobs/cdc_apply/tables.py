@@ -89,7 +89,7 @@ def table_exists(spark: SparkSession, identifier: str) -> bool:
     return bool(spark.sql(f"SHOW TABLES IN {catalog}.{ns} LIKE '{table}'").collect())
 
 
-def create_table(spark: SparkSession, spec: TableSpec, source: str) -> None:
+def create_table(spark: SparkSession, spec: TableSpec, source: str, merge_mode: str | None = None) -> None:
     cols = [f"{quote(c)} {t}{' NOT NULL' if c in spec.key_columns else ''}" for c, t in spec.columns.items()]
     cols += [f"{c} {t}{' NOT NULL' if c == '_cdc_position' else ''}" for c, t in META_COLUMNS.items()]
     ns = spec.identifier.rsplit(".", 1)[0]
@@ -97,7 +97,8 @@ def create_table(spark: SparkSession, spec: TableSpec, source: str) -> None:
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {spec.identifier} ({', '.join(cols)}) USING iceberg "
         "TBLPROPERTIES ('format-version'='2', 'write.wap.enabled'='true', "
-        f"'cdc.primary-key'='{','.join(spec.key_columns)}', 'cdc.source'='{source}')"
+        f"'cdc.primary-key'='{','.join(spec.key_columns)}', 'cdc.source'='{source}'"
+        + (f", 'write.merge.mode'='{merge_mode}')" if merge_mode else ")")
     )
     spark.sql(f"ALTER TABLE {spec.identifier} SET IDENTIFIER FIELDS {', '.join(quote(k) for k in spec.key_columns)}")
     # A first (empty) snapshot, so that audit branches can be created from main.
@@ -108,6 +109,17 @@ def create_table(spark: SparkSession, spec: TableSpec, source: str) -> None:
 def refresh_live_view(spark: SparkSession, spec: TableSpec) -> None:
     cols = ", ".join(quote(c) for c in spec.columns)
     spark.sql(f"CREATE OR REPLACE VIEW {spec.live_view} AS SELECT {cols} FROM {spec.identifier} WHERE NOT _cdc_deleted")
+
+
+def keep_merge_mode(spark: SparkSession, identifier: str, mode: str) -> list[str]:
+    """Set ``write.merge.mode`` when the table's differs from the source's
+    (config.MERGE_MODES, validated); returns the change made, for the report."""
+    props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
+    have = props.get("write.merge.mode", "copy-on-write")
+    if have == mode:
+        return []
+    spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ('write.merge.mode'='{mode}')")
+    return [f"write.merge.mode {have} -> {mode}"]
 
 
 def existing_schema(spark: SparkSession, identifier: str) -> tuple[dict[str, str], list[str]]:

@@ -76,6 +76,12 @@ def machine_facts(settings) -> dict[str, Any]:
     }
 
 
+def _vs_bare(job: dict, bare: dict, **fields) -> dict:
+    """A timed job against the bare spark-submit of the same run."""
+    return {**fields, "job_seconds": round(job["seconds"], 3), "bare_seconds": round(bare["seconds"], 3),
+            "ratio": round(job["seconds"] / bare["seconds"], 3)}
+
+
 def _rate(events: int, nbytes: int, seconds: float) -> dict[str, float]:
     return {"events": events, "bytes": nbytes, "mb": round(nbytes / 1e6, 2), "seconds": round(seconds, 3),
             "events_per_s": round(events / seconds, 1), "mb_per_s": round(nbytes / 1e6 / seconds, 3)}
@@ -284,9 +290,8 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
             job = C.spark_submit_job("bench", hourly_files.paths, workdir, master, "hourly", sample_rss=reuse_rss and "rss" not in args.skip,
                                      driver_memory=args.dag_driver_memory)
             he, hb = C.file_stats(hourly_files.paths)
-            out["hourly"] = {"events": he, "bytes": hb, "job_seconds": round(job["seconds"], 3), "bare_seconds": round(bare["seconds"], 3),
-                             "ratio": round(job["seconds"] / bare["seconds"], 3), "target_rows": f"the bench table ({args.base_rows} base rows) after the main batch",
-                             "master": master}
+            out["hourly"] = _vs_bare(job, bare, events=he, bytes=hb, target_rows=f"the bench table ({args.base_rows} base rows) after the main batch",
+                                     master=master)
             say(f"hourly: job {job['seconds']:.1f}s vs bare spark-submit {bare['seconds']:.1f}s")
     if "rss" not in args.skip:
         with section("rss"):
@@ -321,20 +326,16 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
                 mor_sources.write_text(C.sources_yaml(["bench"], merge_mode="merge-on-read"))
                 switch = C.connect_job("bench", connect_batches[2].paths, workdir, url, "connect_mor_switch", mor_sources)
                 mor = C.connect_job("bench", connect_batches[3].paths, workdir, url, "connect_mor", mor_sources)
-            out["hourly_connect"] = {"events": connect_batches[1].events, "first_batch_seconds": round(first["seconds"], 3),
-                                     "job_seconds": round(warm["seconds"], 3), "bare_seconds": round(bare["seconds"], 3),
-                                     "ratio": round(warm["seconds"] / bare["seconds"], 3),
-                                     "measured": "`cdc apply --files-from` as a Spark Connect client (what a DAG task runs in its "
-                                                 "process with a spark_connect connection): interpreter start, imports, the job; "
-                                                 "the server's second batch (its first is first_batch_seconds)"}
+            out["hourly_connect"] = _vs_bare(warm, bare, events=connect_batches[1].events, first_batch_seconds=round(first["seconds"], 3),
+                                             measured="`cdc apply --files-from` as a Spark Connect client (what a DAG task runs in its "
+                                                      "process with a spark_connect connection): interpreter start, imports, the job; "
+                                                      "the server's second batch (its first is first_batch_seconds)")
             say(f"hourly via Spark Connect: first batch {first['seconds']:.1f}s, next {warm['seconds']:.1f}s vs bare spark-submit {bare['seconds']:.1f}s")
-            out["hourly_connect_mor"] = {"events": connect_batches[3].events, "switch_batch_seconds": round(switch["seconds"], 3),
-                                         "switch_batch_schema_changes": switch["schema_changes"],
-                                         "job_seconds": round(mor["seconds"], 3), "bare_seconds": round(bare["seconds"], 3),
-                                         "ratio": round(mor["seconds"] / bare["seconds"], 3),
-                                         "measured": "as hourly_connect, after it on the same server and table, with the source's "
-                                                     "merge_mode: merge-on-read (sources.yaml); the batch that switched the table is "
-                                                     "switch_batch_seconds, the next one is timed"}
+            out["hourly_connect_mor"] = _vs_bare(mor, bare, events=connect_batches[3].events, switch_batch_seconds=round(switch["seconds"], 3),
+                                                 switch_batch_schema_changes=switch["schema_changes"],
+                                                 measured="as hourly_connect, after it on the same server and table, with the source's "
+                                                          "merge_mode: merge-on-read (sources.yaml); the batch that switched the table is "
+                                                          "switch_batch_seconds, the next one is timed")
             say(f"hourly via Spark Connect, merge-on-read: switching batch {switch['seconds']:.1f}s, next {mor['seconds']:.1f}s")
 
     # -- figures -------------------------------------------------------------------------------

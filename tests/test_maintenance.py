@@ -84,3 +84,30 @@ def test_audit_tables_are_compacted_and_keep_every_row(spark, settings):
     assert ledger_rows() == rows and ledger.applied_files(settings, ns) == applied  # Spark and pyiceberg read the same rows
     r = apply_events(spark, settings, ns, [event("c", 9, {"name": "y", "amount": "2.00"}, pos=20)])  # and the ledger goes on
     assert r.status == "complete" and len(ledger.applied_files(settings, ns)) == 4
+
+
+def test_maintenance_folds_the_delete_files_of_a_merge_on_read_source(spark, settings):
+    """A source with ``merge_mode: merge-on-read`` gathers position delete files
+    (Iceberg keeps one per data file, folding a data file's earlier deletes
+    into it); maintenance leaves none to merge at read time and every row as
+    it was."""
+    ns = "maint_mor"
+    mor = dict(merge_mode="merge-on-read")
+    apply_events(spark, settings, ns, [event("c", k, {"name": "x", "amount": "1.00"}, pos=k) for k in range(1, 7)], **mor)
+    for i, k in enumerate((1, 3, 5, 3)):
+        apply_events(spark, settings, ns, [event("u", k, {"name": f"v{i}"}, pos=100 + i)], **mor)
+    apply_events(spark, settings, ns, [event("d", 6, pos=200)], **mor)
+    ident = f"{settings.catalog_name}.{ns}.items"
+
+    def delete_files():
+        return spark.sql(f"SELECT count(*) FROM {ident}.files WHERE content = 1").collect()[0][0]
+
+    def table():
+        return sorted(tuple(r) for r in spark.table(ident).drop("_cdc_applied_at").collect())
+
+    before = table()
+    assert delete_files() >= 2  # against the first batch's data file, and against the row key 3's first update wrote
+    maintain_source(spark, settings, SourceConfig(name=ns, format="debezium_postgres", namespace=ns, merge_mode="merge-on-read"), Retention(snapshot_days=0, retain_last=1))
+    assert delete_files() == 0
+    assert table() == before
+    assert [(r["id"], r["name"]) for r in spark.table(f"{ident}_live").orderBy("id").collect()] == [(1, "v0"), (2, "x"), (3, "v3"), (4, "x"), (5, "v2")]

@@ -194,8 +194,7 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
 
     apply_events(spark, settings, ns, [event("c", k, {"name": "a", "amount": "1.00"}, pos=k) for k in range(1, 4)])
     ident = f"{settings.catalog_name}.{ns}.items"
-    props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {ident}").collect()}
-    assert props.get("write.merge.mode", "copy-on-write") == "copy-on-write"
+    assert tables.merge_mode(spark, ident) == "copy-on-write"
     spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('write.merge.mode'='{mode}')")
     apply_events(spark, settings, ns, [event("c", k, {"name": "b", "amount": "2.00"}, pos=k) for k in range(101, 104)])
     apply_events(spark, settings, ns, [event("u", 102, {"name": "c", "amount": "3.00"}, pos=200)])
@@ -221,8 +220,9 @@ def test_a_source_merge_mode_is_kept_on_its_tables(spark, settings, ns):
     ident = f"{settings.catalog_name}.{ns}.items"
 
     def mode():
-        props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {ident}").collect()}
-        return props.get("write.merge.mode", "copy-on-write")
+        from cdc_apply.tables import merge_mode
+
+        return merge_mode(spark, ident)
 
     def last_update():
         main = f"(SELECT snapshot_id FROM {ident}.refs WHERE name = 'main')"

@@ -14,7 +14,7 @@ from typing import Iterator
 from pyspark.sql import DataFrame, SparkSession
 
 from .compact import META_POS, quote
-from .tables import TableSpec
+from .tables import INT_TYPES, TableSpec
 
 _SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
 # Table maintenance holds this branch while it commits to main: a batch and
@@ -85,7 +85,7 @@ def key_range_condition(spec: TableSpec, key_ranges: dict[str, tuple] | None) ->
 def _literal(value, spark_type: str) -> str | None:
     if value is None:
         return None
-    if spark_type in ("tinyint", "smallint", "int", "bigint"):
+    if spark_type in INT_TYPES:
         return f"CAST('{int(value)}' AS {spark_type})"
     if spark_type.startswith("decimal("):
         return f"CAST('{value:f}' AS {spark_type})"  # fixed-point text: exact, no exponent

@@ -49,10 +49,11 @@ def build_code_zip(dest_dir: Path) -> str:
     return str(zpath)
 
 
-def worker_python() -> str:
-    """The Python of the driver and its workers: ``CDC_PYSPARK_PYTHON`` (the
-    executors' interpreter path on a cluster), else this interpreter."""
-    return os.environ.get("CDC_PYSPARK_PYTHON", sys.executable)
+def worker_python(env: Mapping[str, str] | None = None) -> str:
+    """The Python of the driver and its workers: ``CDC_PYSPARK_PYTHON`` of
+    ``env`` (default: this process's; the executors' interpreter path on a
+    cluster), else this interpreter."""
+    return (os.environ if env is None else env).get("CDC_PYSPARK_PYTHON") or sys.executable
 
 
 def driver_conf(settings: Settings, *, short_lived: bool = True) -> dict[str, str]:
@@ -108,7 +109,7 @@ def connect_server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return {
         **base,
         "SPARK_HOME": base.get("SPARK_HOME") or str(Path(pyspark.__file__).parent),
-        "PYSPARK_PYTHON": base.get("CDC_PYSPARK_PYTHON") or sys.executable,
+        "PYSPARK_PYTHON": worker_python(base),
     }
 
 

@@ -28,7 +28,8 @@ META_COLUMNS = {
 }
 _BAD_COLUMN = re.compile(r"[`\x00-\x1f\x7f]")
 _DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
-_INT_ORDER = ["tinyint", "smallint", "int", "bigint"]
+INT_TYPES = ["tinyint", "smallint", "int", "bigint"]
+"""Spark integer types, narrowest first (the safe widenings)."""
 
 
 def validate_column(name: str, table: str) -> str:
@@ -49,8 +50,8 @@ def widen(old: str, new: str, column: str) -> str:
     """The type that holds both; SchemaIncompatible when the change would lose data."""
     if old == new:
         return old
-    if old in _INT_ORDER and new in _INT_ORDER:
-        return _INT_ORDER[max(_INT_ORDER.index(old), _INT_ORDER.index(new))]
+    if old in INT_TYPES and new in INT_TYPES:
+        return INT_TYPES[max(INT_TYPES.index(old), INT_TYPES.index(new))]
     if {old, new} == {"float", "double"}:
         return "double"
     mo, mn = _DECIMAL.match(old), _DECIMAL.match(new)
@@ -111,11 +112,19 @@ def refresh_live_view(spark: SparkSession, spec: TableSpec) -> None:
     spark.sql(f"CREATE OR REPLACE VIEW {spec.live_view} AS SELECT {cols} FROM {spec.identifier} WHERE NOT _cdc_deleted")
 
 
+def table_properties(spark: SparkSession, identifier: str) -> dict[str, str]:
+    return {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
+
+
+def merge_mode(spark: SparkSession, identifier: str) -> str:
+    """The table's ``write.merge.mode`` (Iceberg's default: copy-on-write)."""
+    return table_properties(spark, identifier).get("write.merge.mode", "copy-on-write")
+
+
 def keep_merge_mode(spark: SparkSession, identifier: str, mode: str) -> list[str]:
     """Set ``write.merge.mode`` when the table's differs from the source's
     (config.MERGE_MODES, validated); returns the change made, for the report."""
-    props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
-    have = props.get("write.merge.mode", "copy-on-write")
+    have = merge_mode(spark, identifier)
     if have == mode:
         return []
     spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ('write.merge.mode'='{mode}')")
@@ -125,7 +134,7 @@ def keep_merge_mode(spark: SparkSession, identifier: str, mode: str) -> list[str
 def existing_schema(spark: SparkSession, identifier: str) -> tuple[dict[str, str], list[str]]:
     fields = spark.table(identifier).schema.fields
     cols = {f.name: f.dataType.simpleString() for f in fields if not f.name.startswith("_cdc_")}
-    props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
+    props = table_properties(spark, identifier)
     keys = [k for k in props.get("cdc.primary-key", "").split(",") if k]
     return cols, keys
 

@@ -8,7 +8,7 @@ import itertools
 
 from cdc_apply.archive import ArchiveFile
 from cdc_apply.config import SourceConfig
-from cdc_apply.decode_stage import _df_from_records, outcome_record
+from cdc_apply.decode_stage import outcomes_frame
 from cdc_apply.job import BatchResult, apply_decoded, finish_batch, publish_batch, validate_batch
 from cdc_apply.model import ChangeEvent, Outcome
 
@@ -33,7 +33,7 @@ def apply_events(
     result = BatchResult(
         batch_id=f"{namespace}_{tag}", source=namespace, status="complete", files=[f.as_dict() for f in files], override=override.__dict__ if override else None
     )
-    decoded = _df_from_records(spark, [outcome_record(o) for o in outcomes])
+    decoded = outcomes_frame(spark, outcomes)
     result = apply_decoded(spark, settings, source, result, files, decoded)
     validate_batch(settings, result, spark)
     publish_batch(settings, result)

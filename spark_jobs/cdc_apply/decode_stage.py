@@ -18,14 +18,14 @@ import base64
 import functools
 import heapq
 import pickle
-from typing import Any, Iterable, Iterator, Sequence, TypeVar
+from typing import Iterable, Iterator, Sequence, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from .archive import Piece, Source, iter_lines, local_path, open_archive, plan_pieces
 from .decode import DecodeContext, Decoder, make_decoder
-from .model import ChangeEvent, Held, Outcome, Quarantined, RawMessage, Skipped
+from .model import ChangeEvent, Column, Held, Op, Outcome, Quarantined, RawMessage, Skipped
 from .storage import S3Options, is_object_store_uri
 
 OUTCOME_DDL = (
@@ -65,43 +65,52 @@ T = TypeVar("T")
 OUT_BATCH_ROWS = 10_000  # outcome rows per Arrow batch back to the JVM
 
 
-def outcome_record(o: Outcome) -> dict[str, Any]:
-    """Flatten one outcome to the row shape of ``OUTCOME_DDL``."""
-    if isinstance(o, ChangeEvent):
-        return {
-            "status": "event",
-            "reason": None,
-            "file": o.file,
-            "line": o.line,
-            "raw": None,
-            "database": o.database,
-            "schema_name": o.schema,
-            "table_name": o.table,
-            "op": str(o.op.value if hasattr(o.op, "value") else o.op),
-            "key_columns": list(o.key_columns),
-            "after": list((o.after or {}).items()),
-            "before": None if o.before is None else list(o.before.items()),
-            "columns": None if o.columns is None else [{"name": c.name, "type": c.type, "nullable": c.nullable} for c in o.columns],
-            "position": o.position,
-            "tx_id": o.tx_id,
-            "commit_ts": o.commit_ts_us,
-            "message_id": o.message_id,
-            "notes": list(o.notes) or None,
-        }
-    base = dict.fromkeys(ARROW_SCHEMA.names)
+_COLUMN_TUPLES: dict[int, tuple[Column, tuple[str, str, bool]]] = {}
+
+
+def _column_tuples(columns: Sequence[Column] | None) -> list[tuple[str, str, bool]] | None:
+    """The events of a table share their ``Column`` objects: each is turned
+    into its Arrow struct tuple once (the entry keeps the object alive, so
+    its id is not reused while cached)."""
+    if columns is None:
+        return None
+    out = []
+    for c in columns:
+        known = _COLUMN_TUPLES.get(id(c))
+        if known is None or known[0] is not c:
+            known = (c, (c.name, c.type, c.nullable))
+            if len(_COLUMN_TUPLES) < 100_000:
+                _COLUMN_TUPLES[id(c)] = known
+        out.append(known[1])
+    return out
+
+
+def outcome_row(o: Outcome) -> tuple:
+    """One outcome as a row of ``OUTCOME_DDL``, in ``ARROW_SCHEMA`` order."""
+    if type(o) is ChangeEvent:
+        return (
+            "event", None, o.file, o.line, None, o.database, o.schema, o.table,
+            o.op.value if isinstance(o.op, Op) else str(o.op),
+            list(o.key_columns), o.after or {}, o.before, _column_tuples(o.columns),
+            o.position, o.tx_id, o.commit_ts_us, o.message_id, list(o.notes) if o.notes else None,
+        )
     if isinstance(o, Skipped):
-        base.update(status="skipped", reason=o.reason, file=o.file, line=o.line, position=o.position, notes=[o.detail] if o.detail else None)
+        values = {"status": "skipped", "reason": o.reason, "position": o.position, "notes": [o.detail] if o.detail else None}
     elif isinstance(o, Held):
-        base.update(status="held", reason=o.reason, file=o.file, line=o.line, message_id=o.group)
+        values = {"status": "held", "reason": o.reason, "message_id": o.group}
     elif isinstance(o, Quarantined):
-        base.update(status="quarantined", reason=o.reason, file=o.file, line=o.line, raw=o.raw[:RAW_LIMIT])
+        values = {"status": "quarantined", "reason": o.reason, "raw": o.raw[:RAW_LIMIT]}
     else:  # pragma: no cover - a decoder bug
         raise TypeError(f"unknown outcome {o!r}")
-    return base
+    values.update(file=o.file, line=o.line)
+    return tuple(values.get(name) for name in ARROW_SCHEMA.names)
 
 
-def to_batch(records: list[dict[str, Any]]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist(records, schema=ARROW_SCHEMA)
+def outcomes_batch(outcomes: Sequence[Outcome]) -> pa.RecordBatch:
+    """Outcomes to one Arrow batch, column by column (a dict per row and
+    ``from_pylist`` cost twice as much, a fifth of a decode task's time)."""
+    columns = list(zip(*map(outcome_row, outcomes))) or [()] * len(ARROW_SCHEMA)
+    return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, ARROW_SCHEMA)], schema=ARROW_SCHEMA)
 
 
 def _file_messages(path: str, source: Source, piece: Piece | None = None) -> Iterator[RawMessage | Quarantined]:
@@ -228,22 +237,23 @@ def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str
         dec = make_decoder(f, c)
         for batch in batches:
             for task in batch.column("id").to_pylist():
-                out: list[dict[str, Any]] = []
+                out: list[Outcome] = []
                 for outcome in decode_file_contents(dec, _archive_sources(g[task], store), driver_done):
-                    out.append(outcome_record(outcome))
+                    out.append(outcome)
                     if len(out) >= OUT_BATCH_ROWS:
-                        yield to_batch(out)
+                        yield outcomes_batch(out)
                         out = []
                 if out:
-                    yield to_batch(out)
+                    yield outcomes_batch(out)
         pa.default_memory_pool().release_unused()
 
     decoded = tasks.mapInArrow(decode_partition, OUTCOME_DDL)
     if driver_outcomes:
-        extra = _df_from_records(spark, [outcome_record(o) for o in driver_outcomes])
+        extra = outcomes_frame(spark, driver_outcomes)
         decoded = decoded.unionByName(extra)
     return decoded, state
 
 
-def _df_from_records(spark: SparkSession, records: list[dict[str, Any]]) -> DataFrame:
-    return spark.createDataFrame(pa.Table.from_batches([to_batch(records)]), OUTCOME_DDL)
+def outcomes_frame(spark: SparkSession, outcomes: Sequence[Outcome]) -> DataFrame:
+    """Outcomes decoded on the driver as a DataFrame of ``OUTCOME_DDL``."""
+    return spark.createDataFrame(pa.Table.from_batches([outcomes_batch(outcomes)]), OUTCOME_DDL)

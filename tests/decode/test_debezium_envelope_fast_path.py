@@ -29,14 +29,19 @@ payload_texts = st.one_of(
 )
 
 
-def parse(line: str, *, learn: bool):
+def parse(line: str, *, learn: str | bool):
     saved, unusable = dict(dc._KNOWN_SCHEMAS), set(dc._UNUSABLE_SCHEMAS)
     dc._KNOWN_SCHEMAS.clear()
     dc._UNUSABLE_SCHEMAS.clear()
+    dc._last_known = ("\0", {})
     try:
-        if learn:  # the schema text is known from an earlier line of the table
-            dc.parse_record('{"schema":' + SCHEMA_TEXT + ',"payload":{"op":"r"}}')
+        if learn:  # the schema text is known from earlier lines of the table
+            earlier = '{"schema":' + SCHEMA_TEXT + ',"payload":{"op":"r"}}'
+            dc.parse_record(earlier)
             assert dc._KNOWN_SCHEMAS, "the schema was not remembered"
+            if learn == "prefix":  # a second line makes it the last known: the next line is tested by its prefix
+                dc.parse_record(earlier)
+                assert dc._last_known[0] == '{"schema":' + SCHEMA_TEXT + ',"payload":'
         try:
             rec = dc.parse_record(line)
         except Exception as exc:  # noqa: BLE001 - the error itself is compared
@@ -47,13 +52,14 @@ def parse(line: str, *, learn: bool):
         dc._KNOWN_SCHEMAS.update(saved)
         dc._UNUSABLE_SCHEMAS.clear()
         dc._UNUSABLE_SCHEMAS.update(unusable)
+        dc._last_known = ("\0", {})
 
 
 @hsettings(max_examples=400, deadline=None)
-@given(payload=payload_texts, tail=st.sampled_from(["", " ", "\t", "  \r"]))
-def test_payload_only_parse_equals_the_whole_line(payload, tail):
+@given(payload=payload_texts, tail=st.sampled_from(["", " ", "\t", "  \r"]), learn=st.sampled_from(["dict", "prefix"]))
+def test_payload_only_parse_equals_the_whole_line(payload, tail, learn):
     line = '{"schema":' + SCHEMA_TEXT + ',"payload":' + payload + "}" + tail
-    assert parse(line, learn=True) == parse(line, learn=False)
+    assert parse(line, learn=learn) == parse(line, learn=False)
 
 
 def test_the_fast_path_is_taken_and_keeps_decimals_exact():
@@ -77,3 +83,22 @@ def test_schemas_that_cannot_be_cut_safely_are_not_remembered(schema_text):
     assert dc._KNOWN_SCHEMAS == {}
     assert len(dc._UNUSABLE_SCHEMAS) == 1  # checked once, not on every line of the table
     dc._UNUSABLE_SCHEMAS.clear()
+
+
+def _floats_anywhere(o) -> bool:
+    """The plain definition has_float is a faster walk of."""
+    if isinstance(o, float):
+        return True
+    if isinstance(o, dict):
+        return any(_floats_anywhere(v) for v in o.values())
+    if isinstance(o, list):
+        return any(_floats_anywhere(v) for v in o)
+    return False
+
+
+@hsettings(max_examples=500, deadline=None)
+@given(doc=values)
+def test_has_float_finds_a_float_at_any_depth(doc):
+    from cdc_apply.decode.base import has_float
+
+    assert has_float(doc) == _floats_anywhere(doc)

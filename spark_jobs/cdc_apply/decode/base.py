@@ -88,18 +88,27 @@ def quarantine(msg: RawMessage, exc: BaseException | str) -> Quarantined:
 
 def has_float(obj: Any) -> bool:
     """Whether orjson turned any number of a parsed document into a binary
-    float, so the caller re-parses it exactly with ``Decimal``.  Iterative:
-    the recursive walk it replaces cost more than orjson's parse itself."""
+    float, so the caller re-parses it exactly with ``Decimal``.  Iterative
+    (the recursive walk it replaced cost more than orjson's parse), and one
+    C-level pass over the value types of each object or array: a message's
+    walk visits its few containers, not its every value."""
     stack = [obj]
     while stack:
         o = stack.pop()
         t = type(o)
-        if t is float:
-            return True
         if t is dict:
-            stack.extend(o.values())
+            vals: Any = o.values()
         elif t is list:
-            stack.extend(o)
+            vals = o
+        else:
+            if t is float:
+                return True
+            continue
+        kinds = set(map(type, vals))
+        if float in kinds:
+            return True
+        if dict in kinds or list in kinds:
+            stack.extend(v for v in vals if type(v) is dict or type(v) is list)
     return False
 
 

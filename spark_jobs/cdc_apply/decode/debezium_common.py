@@ -49,7 +49,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import orjson
 
@@ -62,6 +62,7 @@ from ..model import (
     RawMessage,
     Skipped,
     INT_RANGES,
+    _ts_text,
     canonical_value,
     decimal_type,
 )
@@ -296,10 +297,17 @@ class RowShape:
     specs: dict[str, FieldSpec]
     notes: tuple[str, ...]
     columns: tuple[Column, ...]
+    fast: dict[str, Callable[[Any], Any]]
+    """per column, ``fast_converter(spec)``"""
 
     @classmethod
     def of(cls, specs: list[FieldSpec]) -> RowShape:
-        return cls({s.name: s for s in specs}, tuple(s.note for s in specs if s.note), tuple(s.column() for s in specs))
+        return cls(
+            {s.name: s for s in specs},
+            tuple(s.note for s in specs if s.note),
+            tuple(s.column() for s in specs),
+            {s.name: fast_converter(s) for s in specs},
+        )
 
 
 @functools.lru_cache(maxsize=512)
@@ -463,22 +471,110 @@ def convert_value(spec: FieldSpec | None, raw: Any, notes: list[str]) -> Any:
     return canonical(spec.spark_type, raw)
 
 
+_UTC_ISO = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?Z\Z", re.ASCII)
+SLOW = object()
+"""What a fast converter returns for a value it leaves to ``convert_value``."""
+
+
+def fast_converter(spec: FieldSpec) -> Callable[[Any], Any]:
+    """``convert_value`` for the values nearly every column holds (text into a
+    string, an in-range int into an integer type, a bool, a base64 decimal
+    that fits, epoch micros into a timestamp), without its dispatch on the
+    kind: a decode spends most of its time here.  Anything else — None,
+    placeholders, values that need a note, any error — returns ``SLOW`` so
+    ``convert_value`` decides, with its own messages: the result is
+    ``convert_value``'s whenever it is not ``SLOW`` (tests/decode check it)."""
+    t, kind, lit = spec.spark_type, spec.kind, spec.literal
+
+    def slow(raw: Any) -> Any:
+        return SLOW
+
+    if kind == "plain" and t == "string":
+        def conv(raw: Any) -> Any:
+            if type(raw) is str and raw != PLACEHOLDER and (lit != "bytes" or raw != PLACEHOLDER_B64):
+                return raw
+            return SLOW
+        return conv
+    if kind == "plain" and t in INT_RANGES:
+        lo, hi = INT_RANGES[t]
+
+        def conv(raw: Any) -> Any:
+            return str(raw) if type(raw) is int and lo <= raw <= hi else SLOW
+        return conv
+    if kind == "plain" and t == "boolean":
+        def conv(raw: Any) -> Any:
+            if type(raw) is bool:
+                return "true" if raw else "false"
+            return SLOW
+        return conv
+    if kind == "decimal" and spec.precision:
+        limit, scale, col = 10**spec.precision, spec.scale, spec.name
+
+        def conv(raw: Any) -> Any:
+            if type(raw) is not str or raw == PLACEHOLDER or raw == PLACEHOLDER_B64:
+                return SLOW
+            try:
+                unscaled = _unscaled(raw, col)
+            except DecodeError:
+                return SLOW
+            return _scaled_text(unscaled, scale) if -limit < unscaled < limit else SLOW
+        return conv
+    if kind == "timestamp":
+        units = spec.units
+
+        def conv(raw: Any) -> Any:
+            if type(raw) is not int:
+                return SLOW
+            micros, sub = divmod(raw * 1_000_000, units)
+            if sub:
+                return SLOW  # convert_value notes the truncated digits
+            try:
+                return _ts_text(_EPOCH + dt.timedelta(microseconds=micros))
+            except OverflowError:
+                return SLOW
+        return conv
+    if kind == "zoned":
+        def conv(raw: Any) -> Any:
+            # the form Debezium writes: UTC, 'T', 'Z', up to 6 fraction digits
+            if type(raw) is not str or not _UTC_ISO.match(raw):
+                return SLOW
+            try:
+                return _ts_text(dt.datetime.fromisoformat(raw))
+            except ValueError:
+                return SLOW
+        return conv
+    return slow
+
+
 def convert_row(
-    row: Any, specs: dict[str, FieldSpec] | None, notes: list[str], what: str
+    row: Any,
+    specs: dict[str, FieldSpec] | None,
+    notes: list[str],
+    what: str,
+    fast: dict[str, Callable[[Any], Any]] | None = None,
 ) -> dict[str, str | None] | None:
-    """Canonical row dict; placeholder columns are left out (not present)."""
+    """Canonical row dict; placeholder columns are left out (not present).
+    ``fast`` (``RowShape.fast``) takes the common values off the slow path."""
     if row is None:
         return None
     if not isinstance(row, dict):
         raise DecodeError(f"{what} is not an object")
     out: dict[str, str | None] = {}
     for col, raw in row.items():
-        check_identifier(col, "column")
         spec = None
         if specs is not None:
             spec = specs.get(col)
             if spec is None:
+                check_identifier(col, "column")
                 raise DecodeError(f"{what}.{col} is not declared in the schema")
+            # a declared name passed check_identifier when its schema was read
+            if fast is not None:
+                value = fast[col](raw)
+                if value is not SLOW:
+                    out[col] = value
+                    continue
+        else:
+            check_identifier(col, "column")
         try:
             value = convert_value(spec, raw, notes)
         except DecodeError as exc:
@@ -526,6 +622,13 @@ _ENVELOPE_HEAD, _PAYLOAD_KEY = '{"schema":', ',"payload":'
 _KNOWN_SCHEMAS: dict[str, dict[str, Any]] = {}  # a schema's exact text -> the schema (without floats)
 _UNUSABLE_SCHEMAS: set[str] = set()  # texts that can never be used: not checked again on every line
 _KNOWN_SCHEMAS_MAX = 256
+_KNOWN_IDS: set[int] = set()  # ids of the schema objects in _KNOWN_SCHEMAS (kept alive there)
+_SHAPE_OF_KNOWN: dict[int, tuple[dict[str, Any], RowShape]] = {}
+"""id of a schema in ``_KNOWN_SCHEMAS`` -> (it, its RowShape): the lines that
+reuse a known schema text share one schema object, so its shape is found
+without serialising the schema again for the cache key.  The entry keeps its
+schema object alive, so its id cannot be reused while it is here; the
+identity check makes a hit exact."""
 
 
 def _schema_text(text: str) -> tuple[str, int] | None:
@@ -569,12 +672,28 @@ def _remember_schema(schema_text: str, schema: Any) -> None:
         _UNUSABLE_SCHEMAS.add(schema_text)
     elif parsed == schema:
         _KNOWN_SCHEMAS[schema_text] = schema
+        _KNOWN_IDS.add(id(schema))
+
+
+_last_known: tuple[str, dict[str, Any]] = ("\0", {})
+"""('{"schema":S,"payload":', schema) of the known schema S last met: the next
+line of the table starts with it.  A known S never holds ',"payload":' (it is
+found as the text before its first occurrence) and ends with '}', so a line
+starting with that prefix has exactly S as its ``_schema_text``; testing the
+prefix spares finding the cut and hashing the ~3 KB S on every line."""
 
 
 def parse_record(text: str) -> Record:
+    global _last_known
+    if text.startswith(_last_known[0]):
+        known = _payload_only(text, len(_last_known[0]) - len(_PAYLOAD_KEY), _last_known[1])
+        if known is not None:
+            return known
     head = _schema_text(text)
     if head is not None and head[0] in _KNOWN_SCHEMAS:
-        known = _payload_only(text, head[1], _KNOWN_SCHEMAS[head[0]])
+        schema = _KNOWN_SCHEMAS[head[0]]
+        _last_known = (text[: head[1] + len(_PAYLOAD_KEY)], schema)
+        known = _payload_only(text, head[1], schema)
         if known is not None:
             return known
     obj = load_json(text)
@@ -690,8 +809,9 @@ class DebeziumDecoder(Decoder):
         else:
             notes.extend(shape.notes)
 
-        after = convert_row(payload.get("after"), specs, notes, "after")
-        before = convert_row(payload.get("before"), specs, notes, "before")
+        fast = shape.fast if shape is not None else None
+        after = convert_row(payload.get("after"), specs, notes, "after", fast)
+        before = convert_row(payload.get("before"), specs, notes, "before", fast)
         if op == "d":
             if before is None and not rec.has_key:
                 raise DecodeError("delete without a before image or a key")
@@ -741,6 +861,16 @@ class DebeziumDecoder(Decoder):
         """Field specs of the row struct (the envelope's 'after', else 'before')."""
         if schema is None:
             return None
+        known = _SHAPE_OF_KNOWN.get(id(schema))
+        if known is not None and known[0] is schema:  # the same parsed schema object as before
+            return known[1]
+        shape = DebeziumDecoder._row_shape(schema)
+        if id(schema) in _KNOWN_IDS and len(_SHAPE_OF_KNOWN) < _KNOWN_SCHEMAS_MAX:
+            _SHAPE_OF_KNOWN[id(schema)] = (schema, shape)
+        return shape
+
+    @staticmethod
+    def _row_shape(schema: dict[str, Any]) -> RowShape:
         sub = envelope_field(schema, "after") or envelope_field(schema, "before")
         if sub is None:
             raise DecodeError("envelope schema has neither an 'after' nor a 'before' field")

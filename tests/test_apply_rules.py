@@ -253,3 +253,40 @@ def test_an_unknown_merge_mode_is_refused_with_the_choices(settings, tmp_path):
         load_sources(dataclasses.replace(settings, sources_file=f))
     f.write_text("sources:\n  s:\n    format: debezium_postgres\n    merge_mode: merge-on-read\n")
     assert load_sources(dataclasses.replace(settings, sources_file=f))["s"].merge_mode == "merge-on-read"
+
+
+def test_the_one_event_short_cut_folds_as_the_general_fold(spark, monkeypatch):
+    """Keys with one event skip the fold's lambdas: the result must be the
+    fold's, for a lone upsert, a lone delete, a partial row and keys with
+    several events (which still take the fold)."""
+    from cdc_apply import compact
+
+    rows = [
+        # key, pos, file, line, op, after, label, stored_live
+        (1, "p05", "f", 1, "u", {"id": "1", "a": "x"}, "apply", True),
+        (2, "p06", "f", 2, "d", None, "apply", True),
+        (3, "p07", "f", 3, "c", {"id": "3"}, "apply", False),
+        (4, "p01", "f", 4, "u", {"id": "4", "a": "old"}, "apply", True),
+        (4, "p02", "f", 5, "d", None, "apply", True),
+        (4, "p03", "f", 6, "c", {"id": "4", "b": "new"}, "apply", True),
+        (5, "p09", "f", 7, "u", {"id": "5", "a": "y"}, "apply", False),
+        (5, "p08", "f", 8, "u", {"id": "5", "b": "z"}, "apply", False),
+        (6, "p04", "f", 9, "u", {"id": "6"}, "duplicate", True),
+    ]
+    df = spark.createDataFrame(
+        [(k, p, f, ln, op, after, None, f"tx{k}", label, live) for k, p, f, ln, op, after, label, live in rows],
+        "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint, _cdc_op string, _cdc_after map<string,string>, "
+        "_cdc_commit_ts timestamp, _cdc_tx_id string, _cdc_label string, _cdc_stored_live boolean",
+    )
+
+    def folded() -> dict:
+        return {r["id"]: r.asDict() for r in compact.fold_per_key(df, ["id"]).collect()}
+
+    short = folded()
+    monkeypatch.setattr(compact, "_ONE_OR_FOLD", compact._FOLD)
+    assert short == folded()
+    assert short[1]["_cdc_vals"] == {"id": "1", "a": "x"} and short[1]["_cdc_base"] == "table"
+    assert short[2]["_cdc_action"] == "delete" and short[2]["_cdc_base"] == "empty"
+    assert short[4]["_cdc_vals"] == {"id": "4", "b": "new"} and short[4]["_cdc_base"] == "empty"
+    assert short[5]["_cdc_vals"] == {"id": "5", "b": "z", "a": "y"} and short[5]["_cdc_pos"] == "p09"
+    assert 6 not in short

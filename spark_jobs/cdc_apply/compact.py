@@ -119,6 +119,19 @@ aggregate(
                       'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id)
   END)
 """
+# The fold of a key's only event, written out: most keys of a batch have one,
+# and the fold's lambdas (array_sort's comparator, aggregate's merge) are
+# evaluated row by row, without generated code.
+_ONE_OR_FOLD = """
+CASE WHEN size(evs) = 1 THEN
+  CASE WHEN evs[0].op = 'd'
+    THEN named_struct('base', 'empty', 'deleted', true, 'vals', cast(map() AS map<string,string>),
+                      'pos', evs[0].pos, 'op', evs[0].op, 'commit_ts', evs[0].commit_ts, 'tx_id', evs[0].tx_id)
+    ELSE named_struct('base', 'table', 'deleted', false, 'vals', evs[0].after,
+                      'pos', evs[0].pos, 'op', evs[0].op, 'commit_ts', evs[0].commit_ts, 'tx_id', evs[0].tx_id)
+  END
+ELSE """ + _FOLD + """ END
+"""
 
 
 def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
@@ -143,7 +156,7 @@ def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
         events.where(F.col("_cdc_label") == APPLY)
         .groupBy(*[quote(k) for k in key_cols])
         .agg(F.collect_list(ev).alias("evs"), F.max("_cdc_stored_live").alias("_cdc_stored_live"), F.count(F.lit(1)).alias("_cdc_events"))
-        .withColumn("_f", F.expr(_FOLD))
+        .withColumn("_f", F.expr(_ONE_OR_FOLD))
     )
     return grouped.select(
         *[quote(k) for k in key_cols],

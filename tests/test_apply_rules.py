@@ -290,3 +290,35 @@ def test_the_one_event_short_cut_folds_as_the_general_fold(spark, monkeypatch):
     assert short[4]["_cdc_vals"] == {"id": "4", "b": "new"} and short[4]["_cdc_base"] == "empty"
     assert short[5]["_cdc_vals"] == {"id": "5", "b": "z", "a": "y"} and short[5]["_cdc_pos"] == "p09"
     assert 6 not in short
+
+
+@pytest.mark.parametrize("prune", [True, False], ids=["batch-keys-broadcast", "whole-stored-state"])
+def test_labelling_is_the_same_with_or_without_pruning_the_stored_state(spark, settings, ns, monkeypatch, prune):
+    """Batches up to job.PRUNE_STATE_MAX_EVENTS events compare with the stored
+    rows of their own keys only; larger ones with the whole stored state.
+    Both must label alike: older, equal and newer events against stored
+    rows, tombstones and keys not stored at all."""
+    from cdc_apply import job
+
+    monkeypatch.setattr(job, "PRUNE_STATE_MAX_EVENTS", 10**9 if prune else 0)
+    first = [
+        event("c", 1, {"name": "a", "amount": "1.00"}, pos=10),
+        event("c", 2, {"name": "b", "amount": "2.00"}, pos=10),
+        event("c", 3, {"name": "c", "amount": "3.00"}, pos=10),
+        event("d", 3, pos=11),
+        event("c", 4, {"name": "untouched", "amount": "4.00"}, pos=10),
+    ]
+    second = [
+        event("u", 1, {"name": "older"}, pos=5, file="/virtual/2"),  # superseded by the stored row
+        event("c", 2, {"name": "b", "amount": "2.00"}, pos=10, file="/virtual/2"),  # the stored position again
+        event("c", 3, {"name": "zombie", "amount": "9.00"}, pos=9, file="/virtual/2"),  # older than the tombstone
+        event("u", 2, {"name": "newer"}, pos=20, file="/virtual/2", line=2),
+        event("c", 5, {"name": "fresh", "amount": "5.00"}, pos=1, file="/virtual/2"),  # not stored
+    ]
+    apply_events(spark, settings, ns, first)
+    r = apply_events(spark, settings, ns, second)
+    assert r.status == "complete", r.message
+    c = r.tables[0].counts
+    assert (c["superseded"], c["duplicates"], c["updated"], c["inserted"]) == (2, 1, 1, 1)
+    assert rows(spark, settings, ns) == {"1": ("a", "1.00"), "2": ("newer", "2.00"), "4": ("untouched", "4.00"), "5": ("fresh", "5.00")}
+    check_model(spark, settings, ns, [first, second])

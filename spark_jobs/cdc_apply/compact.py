@@ -77,17 +77,26 @@ def label_duplicates(events: DataFrame, key_cols: list[str]) -> DataFrame:
     return events.withColumn("_cdc_label", F.when(repeated, F.lit(DUPLICATE)).otherwise(F.lit(APPLY)))
 
 
-def label_against_target(events: DataFrame, target_state: DataFrame, key_cols: list[str], truncated_at: str | None) -> DataFrame:
+def label_against_target(
+    events: DataFrame, target_state: DataFrame, key_cols: list[str], truncated_at: str | None, *, prune_state: bool = False
+) -> DataFrame:
     """Compare each event with the key's stored position and the truncate watermark.
 
     ``target_state`` has the key columns, ``_cdc_position`` and ``_cdc_deleted``
     (tombstones included: a deleted key remembers its position).
+
+    ``prune_state``: first keep only the stored rows whose key is in the batch
+    (the batch's keys broadcast, a semi join while scanning), so the join
+    shuffles rows in proportion to the batch instead of the whole table.  The
+    caller enables it when the batch's keys fit a broadcast.
     """
     state = target_state.select(
         *[quote(k) for k in key_cols],
         F.col("_cdc_position").alias("_cdc_stored_pos"),
         (~F.coalesce(F.col("_cdc_deleted"), F.lit(False))).alias("_cdc_stored_live"),
     )
+    if prune_state:
+        state = state.join(F.broadcast(events.select(*[quote(k) for k in key_cols])), on=key_cols, how="left_semi")
     joined = events.join(state, on=key_cols, how="left")
     label = F.col("_cdc_label")
     if truncated_at is not None:

@@ -31,6 +31,12 @@ from .errors import AlreadyAppliedFileChanged, CdcError, ConfigError, TerminalEr
 from .results import BatchResult, Override, TableResult
 
 log = logging.getLogger("cdc_apply")
+PRUNE_STATE_MAX_EVENTS = 2_000_000
+"""Up to this many events of a table in a batch, the batch's keys are
+broadcast to keep only their stored rows before the labelling join
+(``compact.label_against_target``): into a 10M-row table the join then
+shuffles the batch's share instead of all 10M rows.  Larger batches join the
+whole stored state (a broadcast of their keys would weigh on the driver)."""
 
 
 STAGES = ("write", "validate", "publish")
@@ -350,7 +356,8 @@ def _apply_table(
             merge.apply_truncate(spark, spec, branch, truncs["p"])
         state = merge.read_branch(spark, spec, branch).select(*[compact.quote(k) for k in spec.key_columns], "_cdc_position", "_cdc_deleted")
         base_live = merge.read_branch(spark, spec, branch).where("NOT _cdc_deleted").count()
-        labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at).persist()
+        prune = int(meta["n"]) <= PRUNE_STATE_MAX_EVENTS
+        labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at, prune_state=prune).persist()
         folded = compact.fold_per_key(labelled, spec.key_columns).persist()
         try:
             counts, tr.position_min, tr.position_max, null_keys, key_ranges = compact.accounting(labelled, folded, spec.key_columns)

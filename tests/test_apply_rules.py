@@ -294,13 +294,17 @@ def test_the_one_event_short_cut_folds_as_the_general_fold(spark, monkeypatch):
 
 @pytest.mark.parametrize("prune", [True, False], ids=["batch-keys-broadcast", "whole-stored-state"])
 def test_labelling_is_the_same_with_or_without_pruning_the_stored_state(spark, settings, ns, monkeypatch, prune):
-    """Batches up to job.PRUNE_STATE_MAX_EVENTS events compare with the stored
-    rows of their own keys only; larger ones with the whole stored state.
+    """Batches small next to their table (job.PRUNE_STATE_*) compare with the
+    stored rows of their own keys only; others with the whole stored state.
     Both must label alike: older, equal and newer events against stored
     rows, tombstones and keys not stored at all."""
     from cdc_apply import job
 
     monkeypatch.setattr(job, "PRUNE_STATE_MAX_EVENTS", 10**9 if prune else 0)
+    monkeypatch.setattr(job, "PRUNE_STATE_MIN_RATIO", 0 if prune else 1)
+    seen = []
+    real = job.compact.label_against_target
+    monkeypatch.setattr(job.compact, "label_against_target", lambda *a, **kw: seen.append(kw["prune_state"]) or real(*a, **kw))
     first = [
         event("c", 1, {"name": "a", "amount": "1.00"}, pos=10),
         event("c", 2, {"name": "b", "amount": "2.00"}, pos=10),
@@ -322,3 +326,4 @@ def test_labelling_is_the_same_with_or_without_pruning_the_stored_state(spark, s
     assert (c["superseded"], c["duplicates"], c["updated"], c["inserted"]) == (2, 1, 1, 1)
     assert rows(spark, settings, ns) == {"1": ("a", "1.00"), "2": ("newer", "2.00"), "4": ("untouched", "4.00"), "5": ("fresh", "5.00")}
     check_model(spark, settings, ns, [first, second])
+    assert seen == [prune, prune]

@@ -32,11 +32,15 @@ from .results import BatchResult, Override, TableResult
 
 log = logging.getLogger("cdc_apply")
 PRUNE_STATE_MAX_EVENTS = 2_000_000
-"""Up to this many events of a table in a batch, the batch's keys are
-broadcast to keep only their stored rows before the labelling join
-(``compact.label_against_target``): into a 10M-row table the join then
-shuffles the batch's share instead of all 10M rows.  Larger batches join the
-whole stored state (a broadcast of their keys would weigh on the driver)."""
+PRUNE_STATE_MIN_RATIO = 4
+"""A batch of at most ``PRUNE_STATE_MAX_EVENTS`` events of a table, into a
+table of at least ``PRUNE_STATE_MIN_RATIO`` times as many live rows,
+broadcasts its keys to keep only their stored rows before the labelling join
+(``compact.label_against_target``): the join then shuffles the batch's share
+of the table, not all of it (100k events against 10M rows: 2.6 -> 1.3 s).
+A batch as large as the table gains nothing and pays the broadcast (1M
+events into 1M rows: +2.6 s), and a very large batch's keys would weigh on
+the driver: both join the whole stored state."""
 
 
 STAGES = ("write", "validate", "publish")
@@ -177,7 +181,8 @@ def apply_decoded(
             if status != "event":
                 messages[f"{status}:{reason}"] = n
         result.messages = messages
-        result.held_files = sorted(r["file"] for r in decoded.where("status = 'held'").select("file").distinct().collect())
+        if messages.get("held"):  # a Spark job only when something is held
+            result.held_files = sorted(r["file"] for r in decoded.where("status = 'held'").select("file").distinct().collect())
         quarantined = messages.get("quarantined", 0)
         if not dry_run and quarantined:
             _record_quarantine(spark, settings, source, batch_id, decoded)
@@ -356,7 +361,8 @@ def _apply_table(
             merge.apply_truncate(spark, spec, branch, truncs["p"])
         state = merge.read_branch(spark, spec, branch).select(*[compact.quote(k) for k in spec.key_columns], "_cdc_position", "_cdc_deleted")
         base_live = merge.read_branch(spark, spec, branch).where("NOT _cdc_deleted").count()
-        prune = int(meta["n"]) <= PRUNE_STATE_MAX_EVENTS
+        n_events = int(meta["n"])
+        prune = n_events <= PRUNE_STATE_MAX_EVENTS and n_events * PRUNE_STATE_MIN_RATIO <= base_live
         labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at, prune_state=prune).persist()
         folded = compact.fold_per_key(labelled, spec.key_columns).persist()
         try:

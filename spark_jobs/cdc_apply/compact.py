@@ -88,7 +88,7 @@ def label_against_target(
     ``prune_state``: first keep only the stored rows whose key is in the batch
     (the batch's keys broadcast, a semi join while scanning), so the join
     shuffles rows in proportion to the batch instead of the whole table.  The
-    caller enables it when the batch's keys fit a broadcast.
+    caller enables it for a batch small next to its table (job.PRUNE_STATE_*).
     """
     state = target_state.select(
         *[quote(k) for k in key_cols],

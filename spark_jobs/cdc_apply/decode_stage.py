@@ -30,6 +30,9 @@ from .decode import DecodeContext, Decoder, make_decoder
 from .model import ChangeEvent, Column, Held, Op, Outcome, Quarantined, RawMessage, Skipped
 from .storage import S3Options, is_object_store_uri
 
+# One row per outcome.  ``columns`` (an event's declared columns) is given on
+# the first event of each table's declaration in an Arrow batch and null on
+# the rest: only the set of declarations per table is read (``outcome_row``).
 OUTCOME_DDL = (
     "status string, reason string, file string, line bigint, raw string, "
     "database string, schema_name string, table_name string, op string, "

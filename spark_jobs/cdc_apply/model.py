@@ -235,13 +235,13 @@ def canonical_value(spark_type: str, value: Any) -> str | None:
                 raise DecodeError(f"{value!r} is not a timestamp")
             if value.tzinfo is None:
                 value = value.replace(tzinfo=dt.timezone.utc)
-            return _ts_text(value.astimezone(dt.timezone.utc))
+            return timestamp_text(value.astimezone(dt.timezone.utc))
         if spark_type == "timestamp_ntz":
             if isinstance(value, str):
                 value = parse_iso_datetime(value)
             if not isinstance(value, dt.datetime):
                 raise DecodeError(f"{value!r} is not a timestamp")
-            return _ts_text(value)
+            return timestamp_text(value)
         if spark_type == "binary":
             if isinstance(value, (bytes, bytearray)):
                 return base64.b64encode(bytes(value)).decode("ascii")
@@ -264,7 +264,7 @@ def canonical_value(spark_type: str, value: Any) -> str | None:
     raise DecodeError(f"unsupported canonical type {spark_type!r}")
 
 
-def _ts_text(v: dt.datetime) -> str:
+def timestamp_text(v: dt.datetime) -> str:
     """Fixed-width 'YYYY-MM-DD HH:MM:SS.ffffff' (strftime drops the zero padding of years < 1000)."""
     return f"{v.year:04d}-{v.month:02d}-{v.day:02d} {v.hour:02d}:{v.minute:02d}:{v.second:02d}.{v.microsecond:06d}"
 

@@ -62,9 +62,9 @@ from ..model import (
     RawMessage,
     Skipped,
     INT_RANGES,
-    _ts_text,
     canonical_value,
     decimal_type,
+    timestamp_text,
 )
 from .base import Decoder, has_float
 
@@ -529,7 +529,7 @@ def fast_converter(spec: FieldSpec) -> Callable[[Any], Any]:
             if sub:
                 return SLOW  # convert_value notes the truncated digits
             try:
-                return _ts_text(_EPOCH + dt.timedelta(microseconds=micros))
+                return timestamp_text(_EPOCH + dt.timedelta(microseconds=micros))
             except OverflowError:
                 return SLOW
         return conv
@@ -539,7 +539,7 @@ def fast_converter(spec: FieldSpec) -> Callable[[Any], Any]:
             if type(raw) is not str or not _UTC_ISO.match(raw):
                 return SLOW
             try:
-                return _ts_text(dt.datetime.fromisoformat(raw))
+                return timestamp_text(dt.datetime.fromisoformat(raw))
             except ValueError:
                 return SLOW
         return conv

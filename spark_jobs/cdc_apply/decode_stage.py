@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from .archive import Piece, Source, iter_lines, local_path, open_archive, plan_pieces
 from .decode import DecodeContext, Decoder, make_decoder
-from .model import ChangeEvent, Column, Held, Op, Outcome, Quarantined, RawMessage, Skipped
+from .model import ChangeEvent, Held, Op, Outcome, Quarantined, RawMessage, Skipped
 from .storage import S3Options, is_object_store_uri
 
 # One row per outcome.  ``columns`` (an event's declared columns) is given on
@@ -70,46 +70,38 @@ T = TypeVar("T")
 OUT_BATCH_ROWS = 10_000  # outcome rows per Arrow batch back to the JVM
 
 
-_COLUMN_TUPLES: dict[int, tuple[Column, tuple[str, str, bool]]] = {}
-
-
-def _column_tuples(columns: Sequence[Column] | None) -> list[tuple[str, str, bool]] | None:
-    """The events of a table share their ``Column`` objects: each is turned
-    into its Arrow struct tuple once (the entry keeps the object alive, so
-    its id is not reused while cached)."""
-    if columns is None:
+def _declared_once(o: ChangeEvent, seen: set) -> list[tuple[str, str, bool]] | None:
+    """``o``'s column declaration as Arrow struct tuples the first time its
+    table's declaration appears in the batch (``seen``), else None.  The
+    events of one schema share their ``Column`` objects, so a repeat is
+    mostly known by the objects' ids (all alive while the batch is built);
+    equal declarations made of other objects are caught by value."""
+    if o.columns is None:
         return None
-    out = []
-    for c in columns:
-        known = _COLUMN_TUPLES.get(id(c))
-        if known is None or known[0] is not c:
-            known = (c, (c.name, c.type, c.nullable))
-            if len(_COLUMN_TUPLES) < 100_000:
-                _COLUMN_TUPLES[id(c)] = known
-        out.append(known[1])
-    return out
+    same_objects = (o.database, o.schema, o.table, *map(id, o.columns))
+    if same_objects in seen:
+        return None
+    seen.add(same_objects)
+    tuples = [(c.name, c.type, c.nullable) for c in o.columns]
+    same_values = (o.database, o.schema, o.table, tuple(tuples))
+    if same_values in seen:
+        return None
+    seen.add(same_values)
+    return tuples
 
 
-def outcome_row(o: Outcome, declared: set | None = None) -> tuple:
+def outcome_row(o: Outcome, declared: set) -> tuple:
     """One outcome as a row of ``OUTCOME_DDL``, in ``ARROW_SCHEMA`` order.
 
-    With ``declared`` (the declarations already given in this batch), an
-    event's ``columns`` is given only when its table's declaration is new
-    to the batch, else null: only their set per table is read (the table's
-    columns), and eleven structs on every row were the bulk of a decoded
-    row in the JVM."""
+    An event's ``columns`` is given only when its table's declaration is new
+    to the batch (``declared``), else null: only their set per table is read
+    (the table's columns), and eleven structs on every row were the bulk of
+    a decoded row in the JVM."""
     if type(o) is ChangeEvent:
-        columns = _column_tuples(o.columns)
-        if declared is not None and columns is not None:
-            key = (o.database, o.schema, o.table, tuple(columns))
-            if key in declared:
-                columns = None
-            else:
-                declared.add(key)
         return (
             "event", None, o.file, o.line, None, o.database, o.schema, o.table,
             o.op.value if isinstance(o.op, Op) else str(o.op),
-            list(o.key_columns), o.after or {}, o.before, columns,
+            list(o.key_columns), o.after or {}, o.before, _declared_once(o, declared),
             o.position, o.tx_id, o.commit_ts_us, o.message_id, list(o.notes) if o.notes else None,
         )
     if isinstance(o, Skipped):

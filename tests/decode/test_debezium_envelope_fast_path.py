@@ -30,7 +30,7 @@ payload_texts = st.one_of(
 
 
 def parse(line: str, *, learn: str | bool):
-    saved, unusable = dict(dc._KNOWN_SCHEMAS), set(dc._UNUSABLE_SCHEMAS)
+    saved, unusable, shapes = dict(dc._KNOWN_SCHEMAS), set(dc._UNUSABLE_SCHEMAS), dict(dc._SHAPE_OF_KNOWN)
     dc._KNOWN_SCHEMAS.clear()
     dc._UNUSABLE_SCHEMAS.clear()
     dc._last_known = ("\0", {})
@@ -53,6 +53,8 @@ def parse(line: str, *, learn: str | bool):
         dc._UNUSABLE_SCHEMAS.clear()
         dc._UNUSABLE_SCHEMAS.update(unusable)
         dc._last_known = ("\0", {})
+        dc._SHAPE_OF_KNOWN.clear()
+        dc._SHAPE_OF_KNOWN.update(shapes)
 
 
 @hsettings(max_examples=400, deadline=None)

@@ -485,10 +485,6 @@ def fast_converter(spec: FieldSpec) -> Callable[[Any], Any]:
     ``convert_value`` decides, with its own messages: the result is
     ``convert_value``'s whenever it is not ``SLOW`` (tests/decode check it)."""
     t, kind, lit = spec.spark_type, spec.kind, spec.literal
-
-    def slow(raw: Any) -> Any:
-        return SLOW
-
     if kind == "plain" and t == "string":
         def conv(raw: Any) -> Any:
             if type(raw) is str and raw != PLACEHOLDER and (lit != "bytes" or raw != PLACEHOLDER_B64):
@@ -543,7 +539,11 @@ def fast_converter(spec: FieldSpec) -> Callable[[Any], Any]:
             except ValueError:
                 return SLOW
         return conv
-    return slow
+    return _always_slow
+
+
+def _always_slow(raw: Any) -> Any:
+    return SLOW
 
 
 def convert_row(
@@ -622,13 +622,12 @@ _ENVELOPE_HEAD, _PAYLOAD_KEY = '{"schema":', ',"payload":'
 _KNOWN_SCHEMAS: dict[str, dict[str, Any]] = {}  # a schema's exact text -> the schema (without floats)
 _UNUSABLE_SCHEMAS: set[str] = set()  # texts that can never be used: not checked again on every line
 _KNOWN_SCHEMAS_MAX = 256
-_KNOWN_IDS: set[int] = set()  # ids of the schema objects in _KNOWN_SCHEMAS (kept alive there)
-_SHAPE_OF_KNOWN: dict[int, tuple[dict[str, Any], RowShape]] = {}
-"""id of a schema in ``_KNOWN_SCHEMAS`` -> (it, its RowShape): the lines that
-reuse a known schema text share one schema object, so its shape is found
-without serialising the schema again for the cache key.  The entry keeps its
-schema object alive, so its id cannot be reused while it is here; the
-identity check makes a hit exact."""
+_SHAPE_OF_KNOWN: dict[int, tuple[dict[str, Any], RowShape | None]] = {}
+"""id of each schema object in ``_KNOWN_SCHEMAS`` -> (it, its RowShape once
+mapped): the lines that reuse a known schema text share one schema object,
+so its shape is found without serialising the schema again for the cache
+key.  The entry keeps its schema object alive, so its id cannot be reused
+while it is here; the identity check makes a hit exact."""
 
 
 def _schema_text(text: str) -> tuple[str, int] | None:
@@ -672,7 +671,7 @@ def _remember_schema(schema_text: str, schema: Any) -> None:
         _UNUSABLE_SCHEMAS.add(schema_text)
     elif parsed == schema:
         _KNOWN_SCHEMAS[schema_text] = schema
-        _KNOWN_IDS.add(id(schema))
+        _SHAPE_OF_KNOWN[id(schema)] = (schema, None)
 
 
 _last_known: tuple[str, dict[str, Any]] = ("\0", {})
@@ -862,12 +861,11 @@ class DebeziumDecoder(Decoder):
         if schema is None:
             return None
         known = _SHAPE_OF_KNOWN.get(id(schema))
-        if known is not None and known[0] is schema:  # the same parsed schema object as before
-            return known[1]
-        shape = DebeziumDecoder._row_shape(schema)
-        if id(schema) in _KNOWN_IDS and len(_SHAPE_OF_KNOWN) < _KNOWN_SCHEMAS_MAX:
-            _SHAPE_OF_KNOWN[id(schema)] = (schema, shape)
-        return shape
+        if known is None or known[0] is not schema:  # not a known schema's object
+            return DebeziumDecoder._row_shape(schema)
+        if known[1] is None:
+            _SHAPE_OF_KNOWN[id(schema)] = known = (schema, DebeziumDecoder._row_shape(schema))
+        return known[1]
 
     @staticmethod
     def _row_shape(schema: dict[str, Any]) -> RowShape:

@@ -1,7 +1,7 @@
 """One test per apply rule (docs/apply-semantics.md), on real Spark + Iceberg."""
-
 from __future__ import annotations
 
+import collections
 import itertools
 
 import pytest
@@ -255,10 +255,12 @@ def test_an_unknown_merge_mode_is_refused_with_the_choices(settings, tmp_path):
     assert load_sources(dataclasses.replace(settings, sources_file=f))["s"].merge_mode == "merge-on-read"
 
 
-def test_the_one_event_short_cut_folds_as_the_general_fold(spark, monkeypatch):
-    """Keys with one event skip the fold's lambdas: the result must be the
-    fold's, for a lone upsert, a lone delete, a partial row and keys with
-    several events (which still take the fold)."""
+def test_the_one_event_short_cuts_fold_as_the_general_fold(spark, monkeypatch):
+    """A key with one event in the batch is folded without grouping, and a
+    grouped key left with one applied event skips the fold's lambdas: both
+    must give the general fold's rows, for a lone upsert, a lone delete, a
+    partial row, a key whose other event is a duplicate, and keys with
+    several events."""
     from cdc_apply import compact
 
     rows = [
@@ -272,24 +274,42 @@ def test_the_one_event_short_cut_folds_as_the_general_fold(spark, monkeypatch):
         (5, "p09", "f", 7, "u", {"id": "5", "a": "y"}, "apply", False),
         (5, "p08", "f", 8, "u", {"id": "5", "b": "z"}, "apply", False),
         (6, "p04", "f", 9, "u", {"id": "6"}, "duplicate", True),
+        (7, "p10", "f", 10, "u", {"id": "7", "a": "w"}, "apply", True),
+        (7, "p10", "f", 11, "u", {"id": "7", "a": "w"}, "duplicate", True),
+        (8, "p11", "f", 12, "d", None, "superseded", True),
     ]
-    df = spark.createDataFrame(
-        [(k, p, f, ln, op, after, None, f"tx{k}", label, live) for k, p, f, ln, op, after, label, live in rows],
-        "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint, _cdc_op string, _cdc_after map<string,string>, "
-        "_cdc_commit_ts timestamp, _cdc_tx_id string, _cdc_label string, _cdc_stored_live boolean",
-    )
+    per_key = collections.Counter(r[0] for r in rows)
 
-    def folded() -> dict:
+    def folded(key_events) -> dict:
+        df = spark.createDataFrame(
+            [(k, p, f, ln, op, after, None, f"tx{k}", label, live, key_events(k)) for k, p, f, ln, op, after, label, live in rows],
+            "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint, _cdc_op string, _cdc_after map<string,string>, "
+            "_cdc_commit_ts timestamp, _cdc_tx_id string, _cdc_label string, _cdc_stored_live boolean, _cdc_key_events bigint",
+        )
         return {r["id"]: r.asDict() for r in compact.fold_per_key(df, ["id"]).collect()}
 
-    short = folded()
+    short = folded(per_key.__getitem__)
+    grouped = folded(lambda k: 2)  # every key grouped: size(evs) = 1 takes _ONE_OR_FOLD's short cut
     monkeypatch.setattr(compact, "_ONE_OR_FOLD", compact._FOLD)
-    assert short == folded()
+    assert short == grouped == folded(lambda k: 2)
     assert short[1]["_cdc_vals"] == {"id": "1", "a": "x"} and short[1]["_cdc_base"] == "table"
     assert short[2]["_cdc_action"] == "delete" and short[2]["_cdc_base"] == "empty"
+    assert short[3]["_cdc_vals"] == {"id": "3"} and short[3]["_cdc_events"] == 1 and not short[3]["_cdc_stored_live"]
     assert short[4]["_cdc_vals"] == {"id": "4", "b": "new"} and short[4]["_cdc_base"] == "empty"
     assert short[5]["_cdc_vals"] == {"id": "5", "b": "z", "a": "y"} and short[5]["_cdc_pos"] == "p09"
-    assert 6 not in short
+    assert short[7]["_cdc_events"] == 1 and short[7]["_cdc_pos"] == "p10"
+    assert 6 not in short and 8 not in short
+
+
+def test_label_duplicates_counts_each_keys_events(spark):
+    from cdc_apply import compact
+
+    df = spark.createDataFrame(
+        [(1, "p1", "f", 1), (1, "p1", "f", 2), (1, "p2", "f", 3), (2, "p1", "f", 4), (None, "p1", "f", 5), (None, "p2", "f", 6)],
+        "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint",
+    )
+    got = sorted((r["_cdc_line"], r["id"], r["_cdc_label"], r["_cdc_key_events"]) for r in compact.label_duplicates(df, ["id"]).collect())
+    assert got == [(1, 1, "apply", 3), (2, 1, "duplicate", 3), (3, 1, "apply", 3), (4, 2, "apply", 1), (5, None, "apply", 2), (6, None, "apply", 2)]
 
 
 @pytest.mark.parametrize("prune", [True, False], ids=["batch-keys-broadcast", "whole-stored-state"])

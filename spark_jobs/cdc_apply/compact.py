@@ -74,7 +74,12 @@ def label_duplicates(events: DataFrame, key_cols: list[str]) -> DataFrame:
     is shuffled once instead of twice."""
     w = Window.partitionBy(*[quote(k) for k in key_cols]).orderBy(META_POS, "_cdc_file", "_cdc_line")
     repeated = F.lag(META_POS).over(w) == F.col(META_POS)
-    return events.withColumn("_cdc_label", F.when(repeated, F.lit(DUPLICATE)).otherwise(F.lit(APPLY)))
+    # The key's events in the batch, counted by the same window (no extra pass):
+    # fold_per_key folds a key with one event without grouping.
+    whole_key = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    return events.withColumn("_cdc_label", F.when(repeated, F.lit(DUPLICATE)).otherwise(F.lit(APPLY))).withColumn(
+        "_cdc_key_events", F.count(F.lit(1)).over(whole_key)
+    )
 
 
 def label_against_target(
@@ -128,23 +133,27 @@ aggregate(
                       'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id)
   END)
 """
-# The fold of a key's only event, written out: most keys of a batch have one,
-# and the fold's lambdas (array_sort's comparator, aggregate's merge) are
-# evaluated row by row, without generated code.
-_ONE_OR_FOLD = """
-CASE WHEN size(evs) = 1 THEN
-  CASE WHEN evs[0].op = 'd'
-    THEN named_struct('base', 'empty', 'deleted', true, 'vals', cast(map() AS map<string,string>),
-                      'pos', evs[0].pos, 'op', evs[0].op, 'commit_ts', evs[0].commit_ts, 'tx_id', evs[0].tx_id)
-    ELSE named_struct('base', 'table', 'deleted', false, 'vals', evs[0].after,
-                      'pos', evs[0].pos, 'op', evs[0].op, 'commit_ts', evs[0].commit_ts, 'tx_id', evs[0].tx_id)
-  END
-ELSE """ + _FOLD + """ END
+# The fold of a key's only event, written out over one event ``{e}``: most keys
+# of a batch have one, and the fold's lambdas (array_sort's comparator,
+# aggregate's merge) are evaluated row by row, without generated code.
+_ONE_EVENT = """
+CASE WHEN {e}.op = 'd'
+  THEN named_struct('base', 'empty', 'deleted', true, 'vals', cast(map() AS map<string,string>),
+                    'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id)
+  ELSE named_struct('base', 'table', 'deleted', false, 'vals', coalesce({e}.after, cast(map() AS map<string,string>)),
+                    'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id)
+END
 """
+_ONE_OR_FOLD = "CASE WHEN size(evs) = 1 THEN " + _ONE_EVENT.format(e="evs[0]") + " ELSE " + _FOLD + " END"
 
 
 def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
     """Net effect per key of the events labelled ``apply``.
+
+    ``events`` come from ``label_duplicates`` (then ``label_against_target``):
+    ``_cdc_key_events`` counts the key's events in the batch.  A key with one
+    event (most keys of a batch) is folded by an expression on its row; only
+    keys with several events are grouped, their events collected and folded.
 
     Output: key columns, ``_cdc_action`` ('upsert' | 'delete'), ``_cdc_base``
     ('table': columns not present keep the stored value; 'empty': a delete in
@@ -152,6 +161,7 @@ def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
     canonical text), ``_cdc_pos``/``_cdc_op``/``_cdc_commit_ts``/``_cdc_tx_id``
     of the last event, ``_cdc_events`` folded, ``_cdc_stored_live``.
     """
+    keys = [quote(k) for k in key_cols]
     ev = F.struct(
         F.col(META_POS).alias("pos"),
         F.col("_cdc_file").alias("file"),
@@ -161,14 +171,22 @@ def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
         F.col("_cdc_commit_ts").alias("commit_ts"),
         F.col("_cdc_tx_id").alias("tx_id"),
     )
+    applied = events.where(F.col("_cdc_label") == APPLY)
+    alone = applied.where(F.col("_cdc_key_events") == 1).select(
+        *keys, ev.alias("_e"), F.lit(1).cast("bigint").alias("_cdc_events"), "_cdc_stored_live"
+    ).withColumn("_f", F.expr(_ONE_EVENT.format(e="_e")))
     grouped = (
-        events.where(F.col("_cdc_label") == APPLY)
-        .groupBy(*[quote(k) for k in key_cols])
+        applied.where(F.col("_cdc_key_events") > 1)
+        .groupBy(*keys)
         .agg(F.collect_list(ev).alias("evs"), F.max("_cdc_stored_live").alias("_cdc_stored_live"), F.count(F.lit(1)).alias("_cdc_events"))
         .withColumn("_f", F.expr(_ONE_OR_FOLD))
     )
-    return grouped.select(
-        *[quote(k) for k in key_cols],
+    return _folded_columns(alone, keys).unionByName(_folded_columns(grouped, keys))
+
+
+def _folded_columns(df: DataFrame, keys: list[str]) -> DataFrame:
+    return df.select(
+        *keys,
         F.when(F.col("_f.deleted"), F.lit("delete")).otherwise(F.lit("upsert")).alias("_cdc_action"),
         F.col("_f.base").alias("_cdc_base"),
         F.col("_f.vals").alias("_cdc_vals"),

@@ -42,7 +42,7 @@ from typing import Any
 
 import orjson
 
-from cdc_apply.submit import spark_submit_bin, submit_settings
+from cdc_apply.submit import job_conf, spark_submit_bin, submit_settings
 
 from . import workload as wl
 
@@ -465,14 +465,17 @@ def spark_submit_job(source: str, paths: list[str], workdir: Path, master: str, 
     manifest = workdir / f"{tag}_files.json"
     manifest.write_text(json.dumps(wl.manifest_entries(paths), indent=1))
     result_file = workdir / f"{tag}_result.json"
-    cmd = [spark_submit_bin(), "--master", master] + (["--driver-memory", driver_memory] if driver_memory else [])
-    for k, v in s["conf"].items():
-        cmd += ["--conf", f"{k}={v}"]
-    cmd += ["--jars", s["jars"], "--py-files", s["py_files"], "--name", f"cdc_apply_{source}",
-            str(ROOT / "spark_jobs" / "apply_batch.py"), "apply", "--source", source,
-            "--files-from", str(manifest), "--result-file", str(result_file), "--max-files=0", "--max-files=0"]
     env = {**os.environ, **s["env"], "PYSPARK_PYTHON": sys.executable}
-    run = _run_sampled(cmd, env, workdir / f"{tag}_spark_submit.log", sample_rss=sample_rss)
+    with job_conf(s) as conf:  # as the DAG's operator: the driver's class archive
+        cmd = [spark_submit_bin(), "--master", master] + (["--driver-memory", driver_memory] if driver_memory else [])
+        for k, v in conf.items():
+            cmd += ["--conf", f"{k}={v}"]
+        cmd += ["--jars", s["jars"], "--py-files", s["py_files"], "--name", f"cdc_apply_{source}",
+                str(ROOT / "spark_jobs" / "apply_batch.py"), "apply", "--source", source,
+                "--files-from", str(manifest), "--result-file", str(result_file), "--max-files=0"]
+        run = _run_sampled(cmd, env, workdir / f"{tag}_spark_submit.log", sample_rss=sample_rss)
+        opts = conf.get("spark.driver.extraJavaOptions") or ""
+        run["class_archive"] = "used" if "SharedArchiveFile=" in opts else "written" if "ArchiveClassesAtExit=" in opts else "none"
     result = json.loads(result_file.read_text())
     if result.get("status") != "complete":
         raise RuntimeError(f"{tag} job ended {result.get('status')}: {result.get('message')}")

@@ -48,7 +48,9 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
     ts = res["table_size"]
     assert ts["small_seconds"] > 0 and ts["large_seconds"] > 0 and ts["large_rows"] > ts["small_rows"]
     h = res["hourly"]
-    assert h["job_seconds"] > 0 and h["bare_seconds"] > 0
+    assert h["job_seconds"] > 0 and h["bare_seconds"] > 0 and h["first_batch_seconds"] > 0
+    # the first DAG job wrote the driver's class archive, and the timed one started from it
+    assert (h["first_batch_class_archive"], h["class_archive"]) == ("written", "used")
     hc = res["hourly_connect"]
     assert hc["job_seconds"] > 0 and hc["first_batch_seconds"] > 0 and hc["events"] == h["events"]
     hm = res["hourly_connect_mor"]

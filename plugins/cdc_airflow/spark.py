@@ -51,14 +51,16 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
             if remote:
                 self._run_on_spark_connect(remote)
             else:
-                from cdc_apply.submit import submit_settings
+                from cdc_apply.submit import job_conf, submit_settings
 
                 s = submit_settings()
-                self.conf = {**s["conf"], **(self.conf or {})}
                 self.jars = s["jars"]
                 self.py_files = s["py_files"]
                 self.env_vars = {**s["env"], **(self.env_vars or {})}
-                super().execute(context)
+                own_conf = dict(self.conf or {})
+                with job_conf(s) as conf:  # the driver's class archive (cdc_apply/class_archive.py)
+                    self.conf = {**conf, **own_conf}
+                    super().execute(context)
         except Exception as exc:
             result = self._result()
             if result and result.get("status") == "failed" and _terminal(result):

@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from . import class_archive
 from .config import Settings
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -78,14 +79,24 @@ def driver_conf(settings: Settings, *, short_lived: bool = True) -> dict[str, st
 
 def submit_settings() -> dict[str, Any]:
     """conf, jars, py-files and environment of the DAG's spark-submit job,
-    from the environment settings."""
+    from the environment settings; submit it with ``job_conf``'s conf."""
     settings = Settings.from_env()
     return {
         "conf": driver_conf(settings),
         "jars": ",".join(str(p) for p in settings.jar_paths()),
         "py_files": build_code_zip(settings.home / "dist"),
         "env": {k: v for k, v in os.environ.items() if k.startswith(("CDC_", "AWS_"))},
+        "class_archive_dir": settings.home / "jvm",
     }
+
+
+@contextlib.contextmanager
+def job_conf(s: Mapping[str, Any]) -> Iterator[dict[str, str]]:
+    """The conf of one spark-submit job of ``submit_settings()`` ``s``: its
+    driver starts from the class archive of class_archive.py (or writes it)."""
+    jars = [j for j in s["jars"].split(",") if j]
+    with class_archive.driver_with_archive(s["conf"], jars, s["class_archive_dir"], DRIVER_JAVA_OPTIONS) as conf:
+        yield conf
 
 
 def spark_submit_bin() -> str:

@@ -22,10 +22,12 @@ def java(conf: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_the_first_job_writes_the_archive_and_the_next_ones_start_from_it(tmp_path):
+    earlier = tmp_path / "driver-classes-0123456789abcdef.jsa"  # of other jars: replaced
+    earlier.write_bytes(b"x")
     with ca.driver_with_archive({KEY: OPTS, "other": "x"}, [], tmp_path, OPTS) as conf:
         assert conf["other"] == "x" and "-XX:ArchiveClassesAtExit=" in conf[KEY] and conf[KEY].startswith(OPTS)
         java(conf)
-        assert not list(tmp_path.glob("*.jsa"))  # put in place only after the job
+        assert list(tmp_path.glob("*.jsa")) == [earlier]  # put in place only after the job
     (archive,) = tmp_path.glob("*.jsa")
     assert archive == ca.archive_path(tmp_path, [], OPTS)
     assert not list(tmp_path.glob("*.lock")) and not list(tmp_path.glob("*.partial"))

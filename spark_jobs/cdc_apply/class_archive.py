@@ -13,7 +13,8 @@ archive (its exit takes ~13 s longer, once); the following jobs use it.  The
 archive is only put in place after a JVM has started from it: a truncated
 archive makes the JVM abort (a job killed while writing it leaves one), so it
 is tried first and discarded if it does not load.  One job at a time writes
-it (a lock file); the others run without it meanwhile.
+it (a lock file); the others run without it meanwhile.  A new archive
+replaces the earlier ones (~190 MB each).
 """
 
 from __future__ import annotations
@@ -119,6 +120,9 @@ def driver_with_archive(conf: dict[str, str], jars: list[str], directory: Path, 
         try:
             if partial.is_file() and loads(partial):
                 os.replace(partial, archive)
+                for old in directory.glob("driver-classes-*.jsa"):  # of an earlier JDK, Spark, jars or options
+                    if old != archive:
+                        old.unlink(missing_ok=True)  # a JVM that maps it keeps its pages
             else:
                 partial.unlink(missing_ok=True)
         finally:

@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -48,10 +49,13 @@ def test_an_archive_that_does_not_load_is_discarded(tmp_path, damage):
         partial.unlink()
         if damage == "truncated":
             partial.write_bytes(data[: len(data) // 2])
-            assert subprocess.run([ca.java_binary(), f"-XX:SharedArchiveFile={partial}", "-version"], capture_output=True).returncode != 0
+            scratch = tmp_path.parent / f"{tmp_path.name}-jvm"  # its crash report goes there
+            scratch.mkdir()
+            assert subprocess.run([ca.java_binary(), f"-XX:SharedArchiveFile={partial}", "-version"], capture_output=True, cwd=scratch).returncode != 0
         elif damage == "garbage":
             partial.write_bytes(b"not an archive")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert not list(Path.cwd().glob("hs_err_pid*.log"))  # the check's crash report stays out of the working folder
     with ca.driver_with_archive({KEY: OPTS}, [], tmp_path, OPTS) as conf:  # the next job tries again
         assert "-XX:ArchiveClassesAtExit=" in conf[KEY]
 

@@ -24,6 +24,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -67,11 +68,15 @@ def archive_path(directory: Path, jars: list[str], java_options: str) -> Path:
 
 
 def loads(archive: Path) -> bool:
-    """Does a JVM start from this archive (and share classes from it)?"""
-    try:
-        p = subprocess.run([java_binary(), f"-XX:SharedArchiveFile={archive}", "-version"], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    """Does a JVM start from this archive (and share classes from it)?
+
+    Run in a scratch folder: a JVM that aborts on a damaged archive writes
+    its crash report (hs_err_pid*.log) into its working folder."""
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            p = subprocess.run([java_binary(), f"-XX:SharedArchiveFile={archive}", "-version"], capture_output=True, text=True, timeout=120, cwd=scratch)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
     return p.returncode == 0 and "sharing" in p.stderr
 
 

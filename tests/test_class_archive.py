@@ -97,3 +97,12 @@ def test_another_jar_or_other_options_name_another_archive(tmp_path):
     assert ca.archive_path(tmp_path, [], OPTS) != first
     jar.write_bytes(b"22")
     assert ca.archive_path(tmp_path, [str(jar)], OPTS) != first
+
+
+def test_a_folder_that_cannot_hold_the_archive_only_costs_the_archive(tmp_path):
+    """The archive is an optimisation: a CDC_HOME where it cannot be written
+    leaves the job's conf as it would be without it."""
+    blocked = tmp_path / "jvm"
+    blocked.write_text("a file where the folder should be")
+    with ca.driver_with_archive({KEY: OPTS}, [], blocked, OPTS) as conf:
+        assert conf == {KEY: OPTS}

@@ -112,10 +112,14 @@ def driver_with_archive(conf: dict[str, str], jars: list[str], directory: Path, 
     if archive.is_file():
         yield {**conf, JAVA_OPTIONS: f"{options} -XX:SharedArchiveFile={archive}".strip()}
         return
-    directory.mkdir(parents=True, exist_ok=True)
     lock = archive.with_suffix(".lock")
-    if not _take_lock(lock):
-        yield conf  # another job is writing it
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        locked = _take_lock(lock)
+    except OSError:  # e.g. a read-only CDC_HOME: the job runs as it would without the archive
+        locked = False
+    if not locked:
+        yield conf  # or another job is writing it
         return
     partial = archive.with_suffix(".partial")
     try:

@@ -9,7 +9,7 @@ JDK 13+) and map them from that archive on its next start
 29 -> 23 s (bench/README.md, step 20).
 
 The first job after a change of JDK, Spark, jars or JVM options writes the
-archive (its exit takes ~13 s longer, once); the following jobs use it.  The
+archive (its exit takes ~13-15 s longer, once); the following jobs use it.  The
 archive is only put in place after a JVM has started from it: a truncated
 archive makes the JVM abort (a job killed while writing it leaves one), so it
 is tried first and discarded if it does not load.  One job at a time writes

@@ -133,14 +133,15 @@ aggregate(
                       'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id)
   END)
 """
-# The fold of a key's only event, written out over one event ``{e}``: most keys
-# of a batch have one, and the fold's lambdas (array_sort's comparator,
+# The fold of a key's only event, written out over one event ``{e}`` (a struct
+# of fold_per_key's ``ev``, whose ``after`` is never null): most keys of a
+# batch have one, and the fold's lambdas (array_sort's comparator,
 # aggregate's merge) are evaluated row by row, without generated code.
 _ONE_EVENT = """
 CASE WHEN {e}.op = 'd'
   THEN named_struct('base', 'empty', 'deleted', true, 'vals', cast(map() AS map<string,string>),
                     'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id)
-  ELSE named_struct('base', 'table', 'deleted', false, 'vals', coalesce({e}.after, cast(map() AS map<string,string>)),
+  ELSE named_struct('base', 'table', 'deleted', false, 'vals', {e}.after,
                     'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id)
 END
 """

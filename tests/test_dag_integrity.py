@@ -64,3 +64,32 @@ def test_submit_settings_tune_the_short_lived_jvm(monkeypatch, tmp_path, dagbag)
     assert submit_settings()["conf"]["spark.driver.extraJavaOptions"] == DRIVER_JAVA_OPTIONS == "-XX:TieredStopAtLevel=1"
     monkeypatch.setenv("CDC_SPARK_CONF_spark__driver__extraJavaOptions", "")
     assert submit_settings()["conf"]["spark.driver.extraJavaOptions"] == ""
+
+
+def test_operator_conf_of_its_own_is_submitted_as_given(monkeypatch, tmp_path, dagbag):
+    """A task's own Java options reach spark-submit exactly as given, with no
+    class archive written or waited for; without them the driver writes the
+    archive.  The operator's conf is its own again afterwards (a retry in the
+    same process starts from it)."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from cdc_airflow.spark import CdcSparkSubmitOperator
+
+    monkeypatch.setenv("CDC_HOME", str(tmp_path))
+    monkeypatch.setenv("CDC_JARS_DIR", os.environ.get("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars")))
+    submitted: list[dict] = []
+    monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(dict(self.conf)))
+    monkeypatch.setattr(CdcSparkSubmitOperator, "_spark_connect_url", lambda self: None)
+
+    own = {"spark.driver.extraJavaOptions": "-Xss4m", "spark.sql.shuffle.partitions": "3"}
+    op = CdcSparkSubmitOperator(task_id="own", application="x.py", conf=dict(own))
+    op.execute({"params": {}})
+    assert submitted[-1]["spark.driver.extraJavaOptions"] == "-Xss4m"
+    assert submitted[-1]["spark.sql.shuffle.partitions"] == "3"
+    assert op.conf == own
+    assert not (tmp_path / "jvm").exists()  # no lock taken, no archive planned
+
+    op = CdcSparkSubmitOperator(task_id="default", application="x.py")
+    op.execute({"params": {}})
+    assert "-XX:ArchiveClassesAtExit=" in submitted[-1]["spark.driver.extraJavaOptions"]
+    assert op.conf == {}
+    assert list((tmp_path / "jvm").glob("*.lock")) == []  # released after the job

@@ -58,9 +58,14 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
                 self.py_files = s["py_files"]
                 self.env_vars = {**s["env"], **(self.env_vars or {})}
                 own_conf = dict(self.conf or {})
+                # The task's own conf wins; Java options of its own mean no class archive.
+                s = {**s, "conf": {**s["conf"], **own_conf}}
                 with job_conf(s) as conf:  # the driver's class archive (cdc_apply/class_archive.py)
-                    self.conf = {**conf, **own_conf}
-                    super().execute(context)
+                    self.conf = conf
+                    try:
+                        super().execute(context)
+                    finally:
+                        self.conf = own_conf
         except Exception as exc:
             result = self._result()
             if result and result.get("status") == "failed" and _terminal(result):

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from .config import spark_home
+
 STALE_LOCK_SECONDS = 3600
 """a lock older than this was left by a job that did not finish: taken over"""
 
@@ -43,14 +45,6 @@ def java_binary() -> str:
     return shutil.which("java") or "java"
 
 
-def _spark_home() -> Path:
-    if os.environ.get("SPARK_HOME"):
-        return Path(os.environ["SPARK_HOME"])
-    import pyspark
-
-    return Path(pyspark.__file__).parent
-
-
 def archive_path(directory: Path, jars: list[str], java_options: str) -> Path:
     """The archive for this JDK, Spark, jars and JVM options: any change of
     them names another file, so a stale archive is never used."""
@@ -58,7 +52,7 @@ def archive_path(directory: Path, jars: list[str], java_options: str) -> Path:
     java = Path(os.path.realpath(java_binary()))
     release = java.parent.parent / "release"
     parts = [str(java), release.read_text() if release.is_file() else "", java_options]
-    spark_jars = _spark_home() / "jars"
+    spark_jars = spark_home() / "jars"
     files = sorted(spark_jars.glob("*.jar")) + [Path(j) for j in jars]
     for f in [java, *files]:
         st = f.stat() if f.exists() else None

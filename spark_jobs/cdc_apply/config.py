@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -38,6 +38,20 @@ def validate_identifier(name: str, what: str) -> str:
             "(starting with a letter or '_', at most 128 characters)"
         )
     return name
+
+
+def pip_spark_home() -> Path:
+    """The folder of the pip-installed PySpark (its bin/, jars/)."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def spark_home(env: Mapping[str, str] | None = None) -> Path:
+    """The Spark that spark-submit runs, as its launcher finds it: SPARK_HOME
+    when set, else the pip-installed PySpark."""
+    env = os.environ if env is None else env
+    return Path(env["SPARK_HOME"]) if env.get("SPARK_HOME") else pip_spark_home()
 
 
 def _env(name: str, default: str) -> str:

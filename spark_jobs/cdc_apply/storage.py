@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .config import Settings
+from .config import Settings, spark_home
 
 S3_SCHEMES = ("s3", "s3a", "s3n")
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
@@ -125,11 +125,7 @@ def extra_jar_coordinates(settings: Settings) -> tuple[str, ...]:
 
 
 def _spark_jars_dir() -> Path | None:
-    try:
-        import pyspark
-    except ImportError:  # pragma: no cover - pyspark is a requirement
-        return None
-    path = Path(pyspark.__file__).resolve().parent / "jars"
+    path = spark_home() / "jars"
     return path if path.is_dir() else None
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from . import class_archive
-from .config import Settings
+from .config import Settings, pip_spark_home, spark_home
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -104,9 +104,7 @@ def spark_submit_bin() -> str:
     cand = Path(sys.executable).parent / "spark-submit"
     if cand.exists():
         return str(cand)
-    import pyspark
-
-    return str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
+    return str(pip_spark_home() / "bin" / "spark-submit")
 
 
 def connect_server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -114,12 +112,10 @@ def connect_server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     PySpark (its launcher scripts need it outside the venv's PATH), and the
     Python of its UDF workers (the server takes it from PYSPARK_PYTHON, not
     from spark.pyspark.python)."""
-    import pyspark
-
     base = os.environ if base is None else base
     return {
         **base,
-        "SPARK_HOME": base.get("SPARK_HOME") or str(Path(pyspark.__file__).parent),
+        "SPARK_HOME": str(spark_home(base)),
         "PYSPARK_PYTHON": worker_python(base),
     }
 

@@ -118,9 +118,9 @@ def rest_fixture_classpath() -> list[Path]:
             Path(tmp, "pom.xml").write_text(_REST_FIXTURE_POM.format(iceberg=ICEBERG_VERSION, jetty=JETTY_VERSION))
             _mvn(["dependency:copy-dependencies", f"-DoutputDirectory={folder}"], cwd=Path(tmp))
         stamp.write_text("ok\n")
-    import pyspark
+    from cdc_apply.config import pip_spark_home
 
-    spark_jars = Path(pyspark.__file__).resolve().parent / "jars"
+    spark_jars = pip_spark_home() / "jars"
     hadoop = sorted(spark_jars.glob("hadoop-client-api-*.jar")) + sorted(spark_jars.glob("hadoop-client-runtime-*.jar"))
     if len(hadoop) < 2:
         raise ServerError(f"hadoop-client-api/runtime jars not found in {spark_jars}")

@@ -25,9 +25,9 @@ pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
 
 
 def start(args, log):
-    import pyspark
+    from cdc_apply.config import pip_spark_home
 
-    env = {**os.environ, "SPARK_HOME": os.path.dirname(pyspark.__file__), "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "SPARK_HOME": str(pip_spark_home()), "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.Popen([str(VENV_BIN / "spark-class"), *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 

@@ -38,7 +38,7 @@ OUTCOME_DDL = (
     "database string, schema_name string, table_name string, op string, "
     "key_columns array<string>, after map<string,string>, before map<string,string>, "
     "columns array<struct<name:string,type:string,nullable:boolean>>, "
-    "position string, tx_id string, commit_ts timestamp, message_id string, notes array<string>"
+    "position string, tx_id string, commit_ts timestamp, message_id string, notes array<string>, change_id string"
 )
 _COLUMN = pa.struct([("name", pa.string()), ("type", pa.string()), ("nullable", pa.bool_())])
 ARROW_SCHEMA = pa.schema(
@@ -61,6 +61,7 @@ ARROW_SCHEMA = pa.schema(
         ("commit_ts", pa.timestamp("us", tz="UTC")),
         ("message_id", pa.string()),
         ("notes", pa.list_(pa.string())),
+        ("change_id", pa.string()),
     ]
 )
 RAW_LIMIT = 1 << 20  # keep at most 1 MiB of a quarantined message's text
@@ -102,7 +103,7 @@ def outcome_row(o: Outcome, declared: set) -> tuple:
             "event", None, o.file, o.line, None, o.database, o.schema, o.table,
             o.op.value if isinstance(o.op, Op) else str(o.op),
             list(o.key_columns), o.after or {}, o.before, _declared_once(o, declared),
-            o.position, o.tx_id, o.commit_ts_us, o.message_id, list(o.notes) if o.notes else None,
+            o.position, o.tx_id, o.commit_ts_us, o.message_id, list(o.notes) if o.notes else None, o.change_id,
         )
     if isinstance(o, Skipped):
         values = {"status": "skipped", "reason": o.reason, "position": o.position, "notes": [o.detail] if o.detail else None}

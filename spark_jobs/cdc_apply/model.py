@@ -88,6 +88,12 @@ class ChangeEvent:
     line: int = 0
     message_id: str | None = None
     notes: list[str] = field(default_factory=list)
+    change_id: str | None = None
+    """Identifies the source row change: equal for the two halves of a
+    primary-key update (a delete of the old key and an insert of the new key
+    that the format emits for one source change, possibly in different
+    files), distinct otherwise; None where the format has no such pairing.
+    The insert half inherits the old key's columns it does not carry."""
 
 
 @dataclass

@@ -179,6 +179,7 @@ class Settings:
 
 
 MERGE_MODES = ("copy-on-write", "merge-on-read")
+ORDERINGS = ("log", "arrival")
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,17 @@ class SourceConfig:
     merge_mode: str | None = None
     """``write.merge.mode`` every table of the source is kept at (``merge-on-read``
     for small batches of scattered keys); None leaves each table's own setting."""
+    ordering: str = "log"
+    """How events of a key are ordered: ``log`` (the source's log position, e.g.
+    CockroachDB's HLC ``mvcc_timestamp`` / ``updated``) or ``arrival`` (archive
+    file path, then line: for changefeeds without timestamps; see README)."""
+    envelope: str | None = None
+    """CockroachDB only: ``row`` reads a key without a value as an
+    ``envelope=row`` delete (it is otherwise refused as ``key_only``)."""
+
+    def decode_options(self) -> dict[str, str]:
+        """The options decoders read (``DecodeContext.options``)."""
+        return {"ordering": self.ordering, **({"envelope": self.envelope} if self.envelope else {})}
 
     def archive_path(self, settings: Settings) -> str:
         return f"{settings.archive_dir.rstrip('/')}/{self.name}"
@@ -223,6 +235,15 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
         merge_mode = spec.get("merge_mode")
         if merge_mode is not None and merge_mode not in MERGE_MODES:
             raise ConfigError(f"{path}: merge_mode of source {name!r} is {merge_mode!r}; use one of {list(MERGE_MODES)} (or leave it out)")
+        ordering = spec.get("ordering", "log")
+        if ordering not in ORDERINGS:
+            raise ConfigError(f"{path}: ordering of source {name!r} is {ordering!r}; use one of {list(ORDERINGS)} (or leave it out for log)")
+        envelope = spec.get("envelope")
+        if envelope is not None and (fmt != "cockroachdb" or envelope != "row"):
+            raise ConfigError(
+                f"{path}: envelope of source {name!r} is {envelope!r}: only a cockroachdb source takes it, and only "
+                "'row' (key_only changefeeds carry no row image: recreate them with envelope=wrapped or enriched)"
+            )
         share = float(spec.get("quarantine_max_share", 0.05))
         if not 0.0 <= share <= 1.0:
             raise ConfigError(f"{path}: quarantine_max_share of source {name!r} must be between 0 and 1")
@@ -233,6 +254,8 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             primary_keys=keys,
             quarantine_max_share=share,
             merge_mode=merge_mode,
+            ordering=ordering,
+            envelope=envelope,
         )
     return sources
 

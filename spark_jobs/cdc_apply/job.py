@@ -28,6 +28,7 @@ from .config import Settings, SourceConfig, get_source
 from .decode import DecodeContext
 from .decode_stage import decode_batch
 from .errors import AlreadyAppliedFileChanged, CdcError, ConfigError, TerminalError
+from .model import CONFIG_REFUSED_PREFIX
 from .results import BatchResult, Override, TableResult
 
 log = logging.getLogger("cdc_apply")
@@ -118,7 +119,7 @@ def run_batch(
 
     spark = spark or get_spark(settings)
     state = ledger.latest_decoder_state(settings, source.name)
-    ctx = DecodeContext(source=source.name, primary_keys=source.primary_keys, state=state)
+    ctx = DecodeContext(source=source.name, primary_keys=source.primary_keys, state=state, options=source.decode_options())
     decoded, new_state = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
     new_state = {**state, **new_state}
     apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter)
@@ -181,6 +182,7 @@ def apply_decoded(
             if status != "event":
                 messages[f"{status}:{reason}"] = n
         result.messages = messages
+        _refuse_config(source, status_counts)
         if messages.get("held"):  # a Spark job only when something is held
             result.held_files = sorted(r["file"] for r in decoded.where("status = 'held'").select("file").distinct().collect())
         quarantined = messages.get("quarantined", 0)
@@ -226,6 +228,17 @@ def apply_decoded(
     finally:
         decoded.unpersist()
     return result
+
+
+def _refuse_config(source: SourceConfig, status_counts: dict[tuple[str, str], int]) -> None:
+    """Fail the batch once, terminally, when decoders refused messages for a
+    configuration reason (``ConfigRefused``): one line per distinct reason,
+    nothing quarantined or applied, the files stay pending for after the fix."""
+    refused = sorted((r, n) for (s, r), n in status_counts.items() if s == "quarantined" and (r or "").startswith(CONFIG_REFUSED_PREFIX))
+    if refused:
+        lines = "; ".join(f"{n} message(s): {r[len(CONFIG_REFUSED_PREFIX):]}" for r, n in refused[:5])
+        more = f" (and {len(refused) - 5} more reasons)" if len(refused) > 5 else ""
+        raise ConfigError(f"source {source.name}: the configuration does not fit its messages: {lines}{more}")
 
 
 def _record_quarantine(spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str, decoded: DataFrame) -> None:

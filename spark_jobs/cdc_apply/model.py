@@ -128,6 +128,18 @@ class DecodeError(ValueError):
     """A message cannot be decoded; the message is quarantined with this text."""
 
 
+class ConfigRefused(DecodeError):
+    """A message cannot be decoded under the source's *configuration* (e.g. a
+    changefeed without timestamps, a table with no key names): fixing the
+    configuration, not the message, is the remedy.  A decoder raises it per
+    message; its quarantine reason starts with ``CONFIG_REFUSED_PREFIX`` and
+    the job fails the batch once with a ``ConfigError`` naming each distinct
+    reason, instead of quarantining the messages one by one."""
+
+
+CONFIG_REFUSED_PREFIX = "ConfigRefused: "
+
+
 @dataclass(frozen=True)
 class RawMessage:
     file: str

@@ -50,13 +50,20 @@ def expected_path(path: Path) -> Path:
     return path.with_name(path.name.rsplit(".", 1)[0] + ".expected.json")
 
 
-def messages_of(path: Path) -> list[RawMessage]:
+def messages_of(path: Path, spec: dict[str, Any] | None = None) -> list[RawMessage]:
+    """The case's messages as archived: under ``spec["file"]`` (e.g. the name a
+    cloud-storage sink gives its file) and, with ``spec["kafka"]`` (``topic``,
+    optional ``key``), inside the archive wrapper a Kafka archiver writes."""
+    spec = spec or {}
+    name = spec.get("file", path.name)
     text = path.read_text()
     if path.suffix == ".jsonl":
-        return [RawMessage(path.name, i, line) for i, line in enumerate(text.split("\n"), 1) if line.strip()]
+        return [RawMessage(name, i, line) for i, line in enumerate(text.split("\n"), 1) if line.strip()]
     if path.suffix == ".json":
         text = text.rstrip("\n")  # one archived line
-    return [RawMessage(path.name, 1, text)]
+    if "kafka" in spec:
+        text = json.dumps({"topic": spec["kafka"]["topic"], "key": spec["kafka"].get("key"), "value": text})
+    return [RawMessage(name, 1, text)]
 
 
 @pytest.mark.parametrize("path", golden_inputs(), ids=lambda p: p.name)
@@ -64,17 +71,17 @@ def test_golden(path: Path) -> None:
     exp_file = expected_path(path)
     spec = json.loads(exp_file.read_text()) if exp_file.exists() else {}
     ctx = DecodeContext(**spec.get("context", {}))
-    msgs = messages_of(path)
+    msgs = messages_of(path, spec)
     outcomes = list(decode_all(CockroachDbDecoder(ctx), msgs))
     assert len(outcomes) >= len(msgs)  # every message accounted for
     assert {o.line for o in outcomes} == {m.line for m in msgs}
     for o in outcomes:
-        assert o.file == path.name
+        assert o.file == spec.get("file", path.name)
         if isinstance(o, Quarantined):
             assert o.raw == msgs[o.line - 1].text if path.suffix != ".jsonl" else o.raw == next(m.text for m in msgs if m.line == o.line)
     got = [outcome_dict(o) for o in outcomes]
     if REGEN:
-        data = {"context": spec["context"]} if "context" in spec else {}
+        data = {k: spec[k] for k in ("context", "file", "kafka") if k in spec}
         data["outcomes"] = got
         exp_file.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         spec = data

@@ -35,6 +35,9 @@ class DecodeContext:
     state: dict[str, Any] = field(default_factory=dict)
     """Decoder state carried across batches (JSON-serialisable), e.g. Qlik
     table metadata by table version."""
+    options: dict[str, str] = field(default_factory=dict)
+    """Per-source decoder options from the sources file (CockroachDB:
+    ``ordering`` log|arrival, ``envelope`` row)."""
 
     def configured_key(self, database: str | None, schema: str | None, table: str) -> list[str] | None:
         for name in (f"{database}.{schema}.{table}", f"{schema}.{table}", table):

@@ -76,6 +76,7 @@ with ``envelope=wrapped`` or ``enriched``.
 from __future__ import annotations
 
 import decimal
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -84,8 +85,10 @@ from typing import Any
 import orjson
 
 from ..model import (
+    CONFIG_REFUSED_PREFIX,
     ChangeEvent,
     Column,
+    ConfigRefused,
     DecodeError,
     Format,
     Op,
@@ -100,10 +103,18 @@ from .base import Decoder, has_float
 from .debezium_common import as_int, canonical, check_identifier, json_text
 
 KEY_ONLY_REASON = (
-    "key_only envelope carries no row image (a key without a value; an envelope=row delete looks the same): "
-    "configure the changefeed with envelope=wrapped or envelope=enriched (with mvcc_timestamp or updated)"
+    "a key without a value: envelope=key_only carries no row image and cannot be applied (recreate the changefeed "
+    "with envelope=wrapped or envelope=enriched); if the changefeed uses envelope=row, this is a delete: set "
+    "`envelope: row` on the source in the sources file"
 )
-NO_POSITION_HINT = "enable the changefeed option mvcc_timestamp (or updated) so that changes can be ordered"
+KEY_ONLY_ARRAY_REASON = (
+    "a bare key array: envelope=key_only carries no row image and cannot be applied; recreate the changefeed with "
+    "envelope=wrapped or envelope=enriched"
+)
+NO_POSITION_HINT = (
+    "add the changefeed option mvcc_timestamp (or updated) so that changes can be ordered, or set `ordering: arrival` "
+    "on the source in the sources file to apply them in archive order (file, then line; see README)"
+)
 INFERRED_NOTE = "no schema: column types inferred from JSON values"
 NO_DELETE_NOTE = "{env} envelope: deletes cannot be told from upserts; prefer envelope=wrapped or enriched"
 
@@ -345,6 +356,7 @@ class Hints:
 
     table: TableRef | None = None
     key: Any = None  # parsed key: list of values, or {name: value}
+    index: int = 0  # the element's index in a webhook batch (arrival order within a line)
 
 
 @dataclass
@@ -457,14 +469,16 @@ class CockroachDbDecoder(Decoder):
             try:
                 if isinstance(item, dict) and (_is_batch(item) or _is_wrapper(item)):
                     raise DecodeError("nested batch or archive wrapper inside a webhook batch")
-                out.append(self._decode_one(item, msg, Hints()))
+                out.append(self._decode_one(item, msg, Hints(index=i)))
+            except ConfigRefused as exc:  # the job fails the batch on it: keep the reason groupable
+                out.append(Quarantined(f"{CONFIG_REFUSED_PREFIX}{exc}", msg.text, msg.file, msg.line))
             except (DecodeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
                 out.append(Quarantined(f"payload[{i}]: {type(exc).__name__}: {exc}", msg.text, msg.file, msg.line))
         return out
 
     def _decode_one(self, obj: Any, msg: RawMessage, hints: Hints) -> Outcome:
         if isinstance(obj, list):
-            raise DecodeError(KEY_ONLY_REASON)
+            raise ConfigRefused(KEY_ONLY_ARRAY_REASON)
         if not isinstance(obj, dict):
             raise DecodeError(f"message is not a JSON object: {type(obj).__name__}")
         if _is_wrapper(obj):
@@ -478,7 +492,7 @@ class CockroachDbDecoder(Decoder):
             parts.tables.append(hints.table)
         if hints.key is not None:
             parts.keys.append(("archive wrapper key", hints.key))
-        return self._event(parts, msg)
+        return self._event(parts, msg, hints)
 
     def _decode_wrapper(self, obj: dict[str, Any], msg: RawMessage) -> Outcome:
         hints = Hints()
@@ -496,8 +510,10 @@ class CockroachDbDecoder(Decoder):
         if isinstance(value, list):
             raise DecodeError("archive wrapper value is a JSON array, not a changefeed message")
         if value is None:
+            if key is not None and self.ctx.options.get("envelope") == "row":
+                return self._event(_row_delete(hints), msg, hints)
             if key is not None:
-                raise DecodeError(KEY_ONLY_REASON)
+                raise ConfigRefused(KEY_ONLY_REASON)
             raise DecodeError("archive wrapper without key or value: nothing to decode")
         if isinstance(value, dict) and (_is_wrapper(value) or _is_batch(value)):
             raise DecodeError("archive wrapper value is itself a wrapper or batch")
@@ -617,21 +633,24 @@ class CockroachDbDecoder(Decoder):
         return parts
 
     # -- the event -------------------------------------------------------------
-    def _event(self, parts: Parts, msg: RawMessage) -> ChangeEvent:
-        problems = []
+    def _event(self, parts: Parts, msg: RawMessage, hints: Hints) -> ChangeEvent:
+        problems: list[DecodeError] = []
         table = None
+        file_table = cloud_storage_table(msg.file)
         try:
-            table = _resolve_table(parts.tables)
+            table = _resolve_table(parts.tables + ([file_table] if file_table is not None else []), msg.file)
         except DecodeError as exc:
-            problems.append(str(exc))
+            problems.append(exc)
         position = commit_us = None
         try:
-            position, commit_us = _resolve_position(parts)
+            position, commit_us = _resolve_position(parts, self.ctx.options.get("ordering", "log"), msg, hints.index)
         except DecodeError as exc:
-            problems.append(str(exc))
+            problems.append(exc)
         if problems:
             prefix = "" if parts.envelope != "row" else "no changefeed metadata (treated as envelope=row): "
-            raise DecodeError(prefix + "; ".join(problems))
+            text = prefix + "; ".join(map(str, problems))
+            # a message that cannot be placed for lack of configuration: the batch is refused once
+            raise (ConfigRefused if any(isinstance(p, ConfigRefused) for p in problems) else DecodeError)(text)
         assert table is not None and position is not None
 
         op = parts.op or _derive_op(parts)
@@ -659,7 +678,7 @@ class CockroachDbDecoder(Decoder):
             after: dict[str, str | None] = {}
             before = dict(before or {})
             if names is None:
-                raise DecodeError(
+                raise ConfigRefused(
                     f"delete of {table.qualified} without a key: configure primary key columns for table "
                     f"{table.qualified} (or use key_in_value / diff)"
                 )
@@ -733,9 +752,9 @@ class CockroachDbDecoder(Decoder):
                 names = [check_identifier(k, "configured key column") for k in configured]
         if values is not None:
             if names is None:
-                raise DecodeError(
-                    f"key {values!r} ({values_origin}) has no column names: configure primary key columns "
-                    f"for table {table.qualified}"
+                raise ConfigRefused(
+                    f"the key ({values_origin}) of table {table.qualified} has no column names: configure primary "
+                    f"key columns for table {table.qualified} (tables: {{{table.table}: {{primary_key: [...]}}}})"
                 )
             if len(names) != len(values):
                 raise DecodeError(f"key {values!r} has {len(values)} values but the key columns are {names}")
@@ -764,26 +783,85 @@ def _derive_op(parts: Parts) -> Op:
     return Op.UPDATE  # an upsert: without diff CockroachDB does not say which
 
 
-def _resolve_position(parts: Parts) -> tuple[str, int]:
+def _resolve_hlc(parts: Parts) -> tuple[int, int] | None:
+    """(wall ns, logical) of the message's own HLC, in order of preference."""
     for name in ("mvcc_timestamp", "ts_hlc", "updated"):
         value = parts.stamps.get(name)
         if value is not None:
-            wall, logical = parse_hlc(value, name)
-            return hlc_position(wall, logical), wall // 1000
+            return parse_hlc(value, name)
     ts_ns = parts.stamps.get("ts_ns")
     if ts_ns is not None:
         n = as_int(ts_ns, "source.ts_ns")
         if n <= 0:
             raise DecodeError(f"source.ts_ns {ts_ns!r} is not a timestamp")
-        return hlc_position(n, 0), n // 1000
-    raise DecodeError("no position: the message has no mvcc_timestamp, updated or source.ts_hlc/ts_ns; " + NO_POSITION_HINT)
+        return n, 0
+    return None
 
 
-def _resolve_table(tables: list[TableRef]) -> TableRef:
+def arrival_position(file: str, line: int, index: int = 0) -> str:
+    """``ordering: arrival``: file path, NUL, line (12 digits), '.', index in a
+    webhook batch (6 digits).  NUL sorts before any character of a path, so
+    string order == (path, line, index) order."""
+    return f"{file}\0{pad_decimal(line, 12)}.{pad_decimal(index, 6)}"
+
+
+def _resolve_position(parts: Parts, ordering: str, msg: RawMessage, index: int) -> tuple[str, int | None]:
+    """(position, commit time in us).  ``log``: the HLC, refused (configuration)
+    when the changefeed emits none.  ``arrival``: the archive order, for every
+    message of the source alike (an HLC, when present, gives only the commit time)."""
+    hlc = _resolve_hlc(parts)
+    commit_us = hlc[0] // 1000 if hlc is not None else None
+    if ordering == "arrival":
+        return arrival_position(msg.file, msg.line, index), commit_us
+    if hlc is None:
+        raise ConfigRefused("no position: the message has no mvcc_timestamp, updated or source.ts_hlc/ts_ns; " + NO_POSITION_HINT)
+    return hlc_position(*hlc), commit_us
+
+
+_CLOUD_STORAGE_NAME = re.compile(
+    r"^(?P<ts>\d{33})-(?P<uniquer>[0-9a-f]+-\d+-\d+-\d+)-(?P<topic>.+)-(?P<schema_id>\d+)\.ndjson(?:\.gz)?$"
+)
+_DATE_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+@functools.lru_cache(maxsize=1024)
+def cloud_storage_table(path: str) -> TableRef | None:
+    """The table a cloud-storage sink file is named for, else None.
+
+    The sink names its files ``[date]/[timestamp]-[uniquer]-[topic]-[schema-id].ndjson``
+    (``.gz`` with compression=gzip): the timestamp is 33 digits
+    (YYYYMMDDHHMMSS, 9 nanosecond digits, 10 logical digits), the uniquer
+    ``<session hex>-<node id>-<sink id>-<file id>``, the topic the table name
+    (``db.schema.table`` with full_table_name).  The folder above is the date
+    (``partition_format=daily``, the default), the date and hour (``hourly``)
+    or nothing (``flat``); it is not needed to name the table."""
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    m = _CLOUD_STORAGE_NAME.match(name)
+    if m is None:
+        return None
+    try:
+        return table_from_topic(m.group("topic"), "cloud-storage file name")
+    except DecodeError as exc:
+        raise ConfigRefused(f"file {name}: {exc}") from None
+
+
+def _row_delete(hints: Hints) -> Parts:
+    """``envelope: row`` (source option): a key without a value is a delete."""
+    parts = Parts("row", Op.DELETE, None, None, False)
+    parts.keys.append(("archive wrapper key", hints.key))
+    if hints.table is not None:
+        parts.tables.append(hints.table)
+    return parts
+
+
+def _resolve_table(tables: list[TableRef], file: str = "") -> TableRef:
     if not tables:
-        raise DecodeError(
-            "no table name: the message carries none (archive the Kafka topic or sinkless table with it, "
-            "or enable topic_in_value / enriched_properties=source)"
+        name = file.replace("\\", "/").rsplit("/", 1)[-1]
+        raise ConfigRefused(
+            f"no table name: neither the message nor its file name ({name!r} is not named as the cloud-storage "
+            "sink names files: [date]/<33-digit timestamp>-<uniquer>-<table>-<schema id>.ndjson) says which table "
+            "it belongs to: archive Kafka / sinkless messages with their topic or table, keep the sink's file "
+            "names, or enable topic_in_value / enriched_properties=source"
         )
     best = max(tables, key=lambda t: (t.database is not None) + (t.schema is not None))
     for t in tables:

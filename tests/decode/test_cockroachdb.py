@@ -16,12 +16,14 @@ from cdc_apply.decode import decoder_class, detect_format
 from cdc_apply.decode.base import DecodeContext, decode_all
 from cdc_apply.decode.cockroachdb import (
     CockroachDbDecoder,
+    arrival_position,
+    cloud_storage_table,
     hlc_position,
     hlc_text,
     is_key_only,
     parse_hlc,
 )
-from cdc_apply.model import ChangeEvent, Column, DecodeError, Format, Op, Quarantined, RawMessage, Skipped
+from cdc_apply.model import CONFIG_REFUSED_PREFIX, ChangeEvent, Column, DecodeError, Format, Op, Quarantined, RawMessage, Skipped
 
 CASES = Path(__file__).parent / "cases" / "cockroachdb"
 REGEN = os.environ.get("COCKROACHDB_GOLDEN_REGEN") == "1"
@@ -468,3 +470,114 @@ def test_sniff_and_detect() -> None:
     assert not CockroachDbDecoder.sniff("nope")
     assert decoder_class(Format.COCKROACHDB) is CockroachDbDecoder
     assert detect_format([(CASES / "03_full_fidelity.json").read_text()]) == Format.COCKROACHDB
+
+
+# --------------------------------------------------------------------------
+# Configuration refusals, ordering: arrival, envelope: row, cloud-storage names
+
+ARRIVAL = DecodeContext(primary_keys={"items": ["id"], "vehicles": ["city", "id"]}, options={"ordering": "arrival"})
+SINK_NAME = "202504241459289627550000000000000-56087568dba1e6b8-1-72-00000000-{topic}-1.ndjson"
+
+
+def decode_in(file: str, obj: Any, ctx: DecodeContext | None = None, line: int = 3) -> list[Any]:
+    text = obj if isinstance(obj, str) else json.dumps(obj)
+    return CockroachDbDecoder(ctx).decode(RawMessage(file, line, text))
+
+
+def refused(obj: Any, ctx: DecodeContext | None = None, file: str = "t.jsonl") -> str:
+    out = decode_in(file, obj, ctx)
+    assert len(out) == 1 and isinstance(out[0], Quarantined), out
+    assert out[0].reason.startswith(CONFIG_REFUSED_PREFIX), out[0].reason
+    return out[0].reason
+
+
+def test_missing_timestamps_are_a_configuration_refusal_naming_the_options() -> None:
+    reason = refused(wrapped(updated=...), KEYED)
+    assert "mvcc_timestamp" in reason and "updated" in reason and "ordering: arrival" in reason
+    # the reason carries nothing of the message: one line per batch in the job's error
+    assert refused(wrapped(updated=..., key=[7], after={"id": 7, "name": "zz"}), KEYED) == reason
+
+
+def test_missing_key_names_and_key_only_are_configuration_refusals() -> None:
+    assert "configure primary key columns for table vehicles" in refused(wrapped(topic="vehicles", key=["seattle", 1]))
+    assert "delete of items without a key" in refused(wrapped(after=None, key=...))
+    assert "key_only" in refused(["boston", "22222222-2222-4200-8000-000000000002"])
+    reason = refused({"key": '["seattle", "x"]', "table": "users", "value": ""})
+    assert "key_only" in reason and "`envelope: row`" in reason
+
+
+def test_webhook_element_refusal_keeps_the_groupable_reason() -> None:
+    out = decode({"payload": [wrapped(updated=...)], "length": 1}, KEYED)
+    assert len(out) == 1 and out[0].reason.startswith(CONFIG_REFUSED_PREFIX + "no position")
+
+
+def test_arrival_ordering_is_file_then_line_then_batch_index() -> None:
+    msg = wrapped(updated=...)
+    pos = [one_event_in(f, msg, line) for f, line in (("a/2025-04-24/x.ndjson", 2), ("a/2025-04-24/x.ndjson", 10),
+                                                      ("a/2025-04-24/x.ndjson.gz", 1), ("a/2025-04-25/w.ndjson", 1))]
+    assert pos == sorted(pos) and len(set(pos)) == 4
+    assert pos[0] == "a/2025-04-24/x.ndjson\0" + "000000000002.000000"
+    batch = {"payload": [wrapped(updated=..., after={"id": 1, "name": n}) for n in "abc"], "length": 3}
+    evs = decode_in("b.jsonl", batch, ARRIVAL)
+    assert [e.position for e in evs] == sorted(e.position for e in evs) and [e.after["name"] for e in evs] == ["a", "b", "c"]
+    # an HLC, when the message has one, gives the commit time only: every message of the source is ordered alike
+    ev = decode_in("c.jsonl", wrapped(updated="1700000000000000000.0000000000"), ARRIVAL)[0]
+    assert ev.position == arrival_position("c.jsonl", 3) and ev.commit_ts_us == 1700000000000000
+    assert decode_in("c.jsonl", wrapped(updated=...), ARRIVAL)[0].commit_ts_us is None
+
+
+def one_event_in(file: str, obj: Any, line: int) -> str:
+    out = decode_in(file, obj, ARRIVAL, line)
+    assert len(out) == 1 and isinstance(out[0], ChangeEvent), out
+    return out[0].position
+
+
+def test_envelope_row_option_reads_a_key_without_value_as_delete() -> None:
+    ctx = DecodeContext(primary_keys={"vehicles": ["city", "id"]}, options={"ordering": "arrival", "envelope": "row"})
+    out = decode_in("k.jsonl", {"key": '["seattle", "x1"]', "topic": "vehicles", "value": None}, ctx)
+    ev = out[0]
+    assert (ev.op, ev.table, ev.after, ev.before, ev.key_columns) == (Op.DELETE, "vehicles", {}, {"city": "seattle", "id": "x1"}, ["city", "id"])
+    row = decode_in("k.jsonl", {"key": '["seattle", "x1"]', "topic": "vehicles", "value": '{"city": "seattle", "id": "x1", "s": 1}'}, ctx)[0]
+    assert (row.op, row.after) == (Op.UPDATE, {"city": "seattle", "id": "x1", "s": "1"})
+    assert "key_only" in refused(["seattle", "x1"], ctx)  # a key printed alone is still no row image
+
+
+@pytest.mark.parametrize("path, table", [
+    (f"/arch/crdb/2025-04-24/{SINK_NAME.format(topic='vehicles')}", ("vehicles", None, None)),  # daily (default)
+    (f"/arch/crdb/2025-04-24/14/{SINK_NAME.format(topic='vehicles')}", ("vehicles", None, None)),  # hourly
+    (SINK_NAME.format(topic="vehicles"), ("vehicles", None, None)),  # flat
+    (f"s3://b/p/2025-04-24/{SINK_NAME.format(topic='vehicles')}.gz", ("vehicles", None, None)),  # compression=gzip
+    (f"/a/2025-04-24/{SINK_NAME.format(topic='movr.public.vehicles')}", ("vehicles", "public", "movr")),  # full_table_name
+    ("/2020-04-02/202004022058072107140000000000000-56087568dba1e6b8-1-72-00000000-test_table-1.ndjson", ("test_table", None, None)),  # the docs' example
+])
+def test_cloud_storage_file_name_names_the_table(path: str, table: tuple) -> None:
+    ref = cloud_storage_table(path)
+    assert (ref.table, ref.schema, ref.database) == table
+    ev = decode_in(path, wrapped(topic=..., updated=..., key=...), DecodeContext(primary_keys={table[0]: ["id"]}, options={"ordering": "arrival"}))[0]
+    assert (ev.table, ev.schema, ev.database) == table
+
+
+def test_cloud_storage_names_that_do_not_name_a_table() -> None:
+    for path in ("/a/2025-04-24/202504241459289627550000000000000.RESOLVED", "/a/items.jsonl", "/a/2025-04-24/x-vehicles-1.ndjson"):
+        assert cloud_storage_table(path) is None
+    reason = refused(wrapped(topic=..., updated=...), ARRIVAL, file="/a/items.jsonl")
+    assert "no table name" in reason and "'items.jsonl'" in reason
+    # a column-family topic cannot be told from a table: refused for the file, not guessed
+    assert "column-family" in refused(wrapped(topic=...), ARRIVAL, file=f"/a/{SINK_NAME.format(topic='vehicles.fam')}")
+
+
+def test_file_name_and_message_table_must_agree() -> None:
+    path = f"/a/2025-04-24/{SINK_NAME.format(topic='items')}"
+    assert decode_in(path, wrapped(updated=...), ARRIVAL)[0].table == "items"  # topic_in_value agrees
+    assert "names table" in decode_in(path, wrapped(topic="other", updated=...), ARRIVAL)[0].reason
+
+
+def test_hlc_orders_two_events_of_one_key_by_wall_then_logical() -> None:
+    """Issue 17 item 5: the position is the HLC; logical breaks a wall-time tie,
+    and a later wall wins over any logical (string order of the positions)."""
+    stamps = ["1700000000000000001.0000000000", "1700000000000000000.0000000009", "1700000000000000000.0000000010",
+              "1700000000000000000.0000000002"]
+    evs = [one_event(wrapped(updated=s, after={"id": 1, "name": s}), KEYED) for s in stamps]
+    ordered = sorted(evs, key=lambda e: e.position)
+    assert [e.after["name"] for e in ordered] == [stamps[3], stamps[1], stamps[2], stamps[0]]
+    assert len({e.position for e in evs}) == 4 and {tuple(e.key_columns) for e in evs} == {("id",)}

@@ -4,7 +4,8 @@ Shapes recognised, per archived line (``decode_message``):
 
 * **archive wrapper** ``{"key": K, "value": V, "table"/"topic": ...}`` (the
   sinkless / Kafka form; K and V are JSON *text* or JSON).  An empty or null V
-  with a key is a ``key_only`` message (see below).
+  with a key is a ``key_only`` message, or an ``envelope=row`` delete when the
+  source sets ``envelope: row`` (see below).
 * **webhook batch** ``{"payload": [m1, m2, ...], "length": n}``: ONE message
   carrying n changefeed messages.  It yields one outcome per element (element
   ``i``'s quarantine reason starts with ``payload[i]:``), so a file's outcome
@@ -23,7 +24,12 @@ Shapes recognised, per archived line (``decode_message``):
 * **key_only**: a bare JSON array (the Kafka key printed alone) or a wrapper
   with a key and an empty value.
 
-Position: an HLC ``"<wall ns>.<10-digit logical>"`` (a trailing ``?`` marks a
+Table: from the message (``topic``, ``__crdb__.topic``, enriched ``source``),
+the archive wrapper, or the cloud-storage sink's file name
+``[date/[hour/]]<33-digit ts>-<uniquer>-<topic>-<schema id>.ndjson[.gz]``
+(``cloud_storage_table``); all that are given must agree.
+
+Position (source option ``ordering: log``, the default): an HLC ``"<wall ns>.<10-digit logical>"`` (a trailing ``?`` marks a
 synthetic timestamp and is dropped) rendered as ``<wall, 20 digits>.<logical,
 10 digits>`` so that string order == (wall, logical) order; wall and logical
 are parsed as integers, never as floats.  Taken from, in preference,
@@ -31,8 +37,11 @@ are parsed as integers, never as floats.  Taken from, in preference,
 ``source.ts_hlc``, ``updated``, and for enriched messages ``source.ts_ns``
 (logical 0).  The enriched top-level ``ts_ns`` is *processing* time and is
 never used.  A message without any of them cannot be ordered against
-duplicates and re-emissions: it is quarantined (enable ``mvcc_timestamp`` or
-``updated`` on the changefeed).  ``commit_ts_us`` is the wall time.
+duplicates and re-emissions: it is refused (``ConfigRefused``: enable
+``mvcc_timestamp`` or ``updated`` on the changefeed, or choose arrival order).
+``commit_ts_us`` is the wall time.  With ``ordering: arrival`` every message's
+position is ``arrival_position``: archive file path, line, webhook batch
+element (README says when that order is wrong).
 
 Op: enriched messages say it.  Wrapped: ``after: null`` is a delete; with
 ``diff`` (a ``before`` field) a null ``before`` is an insert, otherwise an
@@ -67,10 +76,14 @@ while a FLOAT column whose values vary in scale fails table resolution loudly
 instead of being rounded), str -> string, bool -> boolean, object/array ->
 JSON text; JSON nulls declare no column.  Prefer the enriched schema.
 
-``key_only`` messages carry no row image.  They are quarantined (never
-silently skipped, never applied) and ``is_key_only(text)`` lets the job fail
-the table with a configuration error: such a changefeed must be recreated
-with ``envelope=wrapped`` or ``enriched``.
+``key_only`` messages carry no row image: they are refused (never silently
+skipped, never applied); such a changefeed must be recreated with
+``envelope=wrapped`` or ``enriched``.
+
+Configuration problems (no HLC under log ordering, no table, key values
+without key names, ``key_only``) raise ``ConfigRefused``: the job fails the
+batch once with a ``ConfigError`` per distinct reason instead of quarantining
+messages one by one; their reasons carry no message values so that they group.
 """
 
 from __future__ import annotations

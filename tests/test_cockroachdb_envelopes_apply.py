@@ -160,7 +160,8 @@ def test_configuration_refusal_fails_the_batch_once(spark, source, case, options
     text = str(info.value)
     for e in expect:
         assert e in text, text
-    assert text.count("message(s):") == 1  # one line per distinct reason, not one per message
+    assert text.count("message(s), first at ") == 1  # one line per distinct reason, not one per message
+    assert f"{root}/" in text and ":1:" in text  # where to look: the reason's first file and line
     assert not spark.catalog.tableExists(f"{s.catalog_name}.{name}.vehicles")
     assert len(pending_files(s, get_source(s, name))) >= 1  # nothing marked applied: the files wait for the fix
 
@@ -185,3 +186,5 @@ def test_ordering_and_envelope_options_are_checked_once_at_load(settings, tmp_pa
         load("    format: cockroachdb\n    envelope: key_only\n")
     with pytest.raises(ConfigError, match="only a cockroachdb source takes it"):
         load("    format: qlik\n    envelope: row\n")
+    with pytest.raises(ConfigError, match="only a cockroachdb source can be applied in arrival order"):
+        load("    format: debezium_postgres\n    ordering: arrival\n")

@@ -238,6 +238,8 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
         ordering = spec.get("ordering", "log")
         if ordering not in ORDERINGS:
             raise ConfigError(f"{path}: ordering of source {name!r} is {ordering!r}; use one of {list(ORDERINGS)} (or leave it out for log)")
+        if ordering != "log" and fmt != "cockroachdb":
+            raise ConfigError(f"{path}: ordering of source {name!r}: only a cockroachdb source can be applied in arrival order; leave it out")
         envelope = spec.get("envelope")
         if envelope is not None and (fmt != "cockroachdb" or envelope != "row"):
             raise ConfigError(

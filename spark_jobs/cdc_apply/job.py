@@ -182,7 +182,7 @@ def apply_decoded(
             if status != "event":
                 messages[f"{status}:{reason}"] = n
         result.messages = messages
-        _refuse_config(source, status_counts)
+        _refuse_config(source, status_counts, decoded)
         if messages.get("held"):  # a Spark job only when something is held
             result.held_files = sorted(r["file"] for r in decoded.where("status = 'held'").select("file").distinct().collect())
         quarantined = messages.get("quarantined", 0)
@@ -230,13 +230,18 @@ def apply_decoded(
     return result
 
 
-def _refuse_config(source: SourceConfig, status_counts: dict[tuple[str, str], int]) -> None:
+def _refuse_config(source: SourceConfig, status_counts: dict[tuple[str, str], int], decoded: DataFrame) -> None:
     """Fail the batch once, terminally, when decoders refused messages for a
-    configuration reason (``ConfigRefused``): one line per distinct reason,
-    nothing quarantined or applied, the files stay pending for after the fix."""
+    configuration reason (``ConfigRefused``): one line per distinct reason
+    (with its first file and line), nothing quarantined or applied, the files
+    stay pending for after the fix."""
     refused = sorted((r, n) for (s, r), n in status_counts.items() if s == "quarantined" and (r or "").startswith(CONFIG_REFUSED_PREFIX))
     if refused:
-        lines = "; ".join(f"{n} message(s): {r[len(CONFIG_REFUSED_PREFIX):]}" for r, n in refused[:5])
+        def first(reason: str) -> str:
+            row = decoded.where(F.col("reason") == reason).select("file", "line").orderBy("file", "line").first()
+            return f"{row['file']}:{row['line']}"
+
+        lines = "; ".join(f"{n} message(s), first at {first(r)}: {r[len(CONFIG_REFUSED_PREFIX):]}" for r, n in refused[:5])
         more = f" (and {len(refused) - 5} more reasons)" if len(refused) > 5 else ""
         raise ConfigError(f"source {source.name}: the configuration does not fit its messages: {lines}{more}")
 

@@ -1,6 +1,14 @@
 """The reference model of the apply semantics: apply canonical events one at a
 time, in (position, file, line) order, to a dict.  Deliberately naive: this is
-the definition the Spark apply is checked against."""
+the definition the Spark apply is checked against, whatever order and batch
+split the events were delivered in.
+
+Rules it states (docs/apply-semantics.md):
+* same key and position, same content: one event delivered twice (once);
+* an insert that shares its ``change_id`` with a delete of another key is the
+  new half of a primary-key change: the columns it does not carry are the
+  old key's values just before the change.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +25,8 @@ def apply_model(events: list[ChangeEvent], key_cols: list[str], columns: list[st
     """Live rows by key, values as canonical text (None = NULL)."""
     rows: dict[tuple, dict[str, str | None]] = {}
     seen: set[tuple] = set()
+    old_key_of = {e.change_id: event_key(e, key_cols) for e in events if e.op == Op.DELETE and e.change_id is not None}
+    before_move: dict[str, dict[str, str | None] | None] = {}
     for e in sorted(events, key=lambda e: (e.position, e.file, e.line)):
         if e.op == Op.TRUNCATE:
             rows.clear()
@@ -26,9 +36,15 @@ def apply_model(events: list[ChangeEvent], key_cols: list[str], columns: list[st
             continue
         seen.add((k, e.position))
         if e.op == Op.DELETE:
+            if e.change_id is not None:
+                before_move[e.change_id] = rows.get(k)
             rows.pop(k, None)
             continue
         row = dict(rows.get(k) or dict.fromkeys(columns))
+        old = old_key_of.get(e.change_id) if e.change_id is not None else None
+        if old is not None and old != k:  # the new half of a primary-key change
+            moved = before_move[e.change_id] if e.change_id in before_move else rows.get(old)
+            row.update({c: v for c, v in (moved or {}).items() if c not in key_cols})
         row.update(e.after or {})  # columns not present keep the row's value
         rows[k] = row
     return rows

@@ -206,7 +206,7 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
     spec = tables.TableSpec(identifier=ident, short=f"{ns}.items", key_columns=["id"], columns=COLS)
     spark.sql(  # one net change, shaped as compact.merge_source
         "SELECT CAST(id AS int) AS id, 'x' AS name, CAST(1 AS decimal(10,2)) AS amount, array('name') AS _cdc_present, 'upsert' AS _cdc_action, "
-        "'table' AS _cdc_base, '9' AS _cdc_pos, 'u' AS _cdc_op, current_timestamp() AS _cdc_commit_ts, CAST(NULL AS string) AS _cdc_tx_id FROM range(102, 103)"
+        "'table' AS _cdc_base, map('name', '9') AS _cdc_cpos, CAST(NULL AS string) AS _cdc_delpos, '9' AS _cdc_pos, 'u' AS _cdc_op, current_timestamp() AS _cdc_commit_ts, CAST(NULL AS string) AS _cdc_tx_id FROM range(102, 103)"
     ).createOrReplaceTempView("_probe")
     plan = spark.sql("EXPLAIN " + merge.merge_sql(spec, "main", "_probe", "probe", {"id": (101, 103)})).collect()[0][0]
     scans = [line for line in plan.splitlines() if "BatchScan" in line and ident in line]
@@ -282,9 +282,9 @@ def test_the_one_event_short_cuts_fold_as_the_general_fold(spark, monkeypatch):
 
     def folded(key_events) -> dict:
         df = spark.createDataFrame(
-            [(k, p, f, ln, op, after, None, f"tx{k}", label, live, key_events(k)) for k, p, f, ln, op, after, label, live in rows],
+            [(k, p, f, ln, op, after, None, f"tx{k}", label, live, "p00" if live else None, key_events(k)) for k, p, f, ln, op, after, label, live in rows],
             "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint, _cdc_op string, _cdc_after map<string,string>, "
-            "_cdc_commit_ts timestamp, _cdc_tx_id string, _cdc_label string, _cdc_stored_live boolean, _cdc_key_events bigint",
+            "_cdc_commit_ts timestamp, _cdc_tx_id string, _cdc_label string, _cdc_stored_live boolean, _cdc_stored_pos string, _cdc_key_events bigint",
         )
         return {r["id"]: r.asDict() for r in compact.fold_per_key(df, ["id"]).collect()}
 
@@ -305,8 +305,8 @@ def test_label_duplicates_counts_each_keys_events(spark):
     from cdc_apply import compact
 
     df = spark.createDataFrame(
-        [(1, "p1", "f", 1), (1, "p1", "f", 2), (1, "p2", "f", 3), (2, "p1", "f", 4), (None, "p1", "f", 5), (None, "p2", "f", 6)],
-        "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint",
+        [(k, p, f, ln, "u", {"a": "1"}) for k, p, f, ln in [(1, "p1", "f", 1), (1, "p1", "f", 2), (1, "p2", "f", 3), (2, "p1", "f", 4), (None, "p1", "f", 5), (None, "p2", "f", 6)]],
+        "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint, _cdc_op string, _cdc_after map<string,string>",
     )
     got = sorted((r["_cdc_line"], r["id"], r["_cdc_label"], r["_cdc_key_events"]) for r in compact.label_duplicates(df, ["id"]).collect())
     assert got == [(1, 1, "apply", 3), (2, 1, "duplicate", 3), (3, 1, "apply", 3), (4, 2, "apply", 1), (5, None, "apply", 2), (6, None, "apply", 2)]
@@ -347,3 +347,81 @@ def test_labelling_is_the_same_with_or_without_pruning_the_stored_state(spark, s
     assert rows(spark, settings, ns) == {"1": ("a", "1.00"), "2": ("newer", "2.00"), "4": ("untouched", "4.00"), "5": ("fresh", "5.00")}
     check_model(spark, settings, ns, [first, second])
     assert seen == [prune, prune]
+
+
+def _moved(old, new, after, *, pos, file="", line=None):
+    """The two halves of a primary-key change, as Debezium PostgreSQL emits them."""
+    d = event("d", old, pos=pos, file=file, line=line)
+    c = event("c", new, after, pos=pos, file=file, line=None if line is None else line + 1)
+    d.change_id = c.change_id = f"lsn{pos}"
+    return [d, c]
+
+
+def test_key_change_inherits_unchanged_columns_from_the_stored_row(spark, settings, ns):
+    """Issue 17: `UPDATE t SET id = 107 WHERE id = 7` on a row whose TOASTed
+    value is unchanged: the insert carries the placeholder (not present)."""
+    first = [event("c", 7, {"name": "big", "amount": "1.00"}, pos=1)]
+    apply_events(spark, settings, ns, first)
+    moved = _moved(7, 107, {"amount": "2.00"}, pos=5)  # name left out
+    r = apply_events(spark, settings, ns, moved)
+    assert r.status == "complete", r.message
+    assert rows(spark, settings, ns) == {"107": ("big", "2.00")}
+    assert r.tables[0].counts["key_changes_inherited"] == 1 and r.tables[0].counts["partial_inserts"] == 0
+    check_model(spark, settings, ns, [first, moved])
+
+
+def test_key_change_inherits_from_earlier_events_of_the_batch_in_any_file_order(spark, settings, ns):
+    b = [event("c", 7, {"name": "a", "amount": "1.00"}, pos=1), event("u", 7, {"name": "b"}, pos=2)]
+    moved = _moved(7, 107, {}, pos=5)
+    moved[1].file, moved[0].file = "/virtual/p0.jsonl", "/virtual/p1.jsonl"  # the halves in two partitions' files
+    r = apply_events(spark, settings, ns, [moved[1], *b, moved[0]])
+    assert r.status == "complete", r.message
+    assert rows(spark, settings, ns) == {"107": ("b", "1.00")}
+    check_model(spark, settings, ns, [b + moved])
+
+
+def test_an_insert_without_its_key_change_half_is_counted(spark, settings, ns):
+    lone = event("c", 107, {"name": "x"}, pos=5)
+    lone.change_id = "lsn5"
+    r = apply_events(spark, settings, ns, [lone])
+    assert r.status == "complete", r.message
+    assert r.tables[0].counts["partial_inserts"] == 1
+    assert rows(spark, settings, ns) == {"107": ("x", None)}
+
+
+def test_late_full_event_fills_what_a_partial_update_left_out(spark, settings, ns):
+    """Issue 17: the hour with the full row arrives after the hour with the
+    placeholder update; the value is kept, whatever the delivery order."""
+    later = [event("u", 1, {"amount": "5.00"}, pos=30)]
+    earlier = [event("c", 1, {"name": "a", "amount": "1.00"}, pos=20, file="/virtual/late")]
+    apply_events(spark, settings, ns, later)
+    r = apply_events(spark, settings, ns, earlier)
+    assert r.status == "complete", r.message
+    assert rows(spark, settings, ns) == {"1": ("a", "5.00")}
+    assert r.tables[0].counts["filled"] == 1
+    pos = spark.sql(f"SELECT _cdc_position, _cdc_col_pos FROM {settings.catalog_name}.{ns}.items").collect()[0]
+    assert pos[0] == f"{30:020d}" and pos[1] == {"name": f"{20:020d}"}
+    again = apply_events(spark, settings, ns, earlier + later, batch_tag="again")  # re-delivered: nothing changes
+    assert again.tables[0].counts["duplicates"] + again.tables[0].counts["superseded"] == 2
+    assert rows(spark, settings, ns) == {"1": ("a", "5.00")}
+    check_model(spark, settings, ns, [later, earlier])
+
+
+def test_late_delete_nulls_only_what_it_precedes(spark, settings, ns):
+    b1 = [event("c", 1, {"name": "a", "amount": "1.00"}, pos=10), event("u", 1, {"amount": "3.00"}, pos=30)]
+    b2 = [event("d", 1, pos=20, file="/virtual/late")]
+    apply_events(spark, settings, ns, b1)
+    apply_events(spark, settings, ns, b2)
+    assert rows(spark, settings, ns) == {"1": (None, "3.00")}
+    check_model(spark, settings, ns, [b1, b2])
+
+
+def test_different_events_at_one_position_are_refused_not_picked(spark, settings, ns):
+    """Issue 17: equal positions are a duplicate only when the content is the same."""
+    b = [event("c", 1, {"name": "a", "amount": "1.00"}, pos=10), event("u", 1, {"name": "b", "amount": "1.00"}, pos=10),
+         event("c", 2, {"name": "z", "amount": "2.00"}, pos=10), event("c", 2, {"name": "z", "amount": "2.00"}, pos=10, file="/virtual/again")]
+    r = apply_events(spark, settings, ns, b)
+    assert r.status == "failed"
+    t = r.tables[0]
+    assert t.counts["conflicts"] == 2 and t.counts["duplicates"] == 1 and t.terminal
+    assert any(f.startswith("equal_position_conflict(events=2") and "key (1,)" in f for f in t.failed_expectations), t.failed_expectations

@@ -4,12 +4,21 @@ Pure DataFrame -> DataFrame functions; the rules are documented in
 ``docs/apply-semantics.md`` and mirrored by the reference model in
 ``tests/reference_model.py``:
 
-1. exact duplicates (same key, same position) count once;
+1. exact duplicates (same key, same position, same content) count once;
+   different events of one key at one position are a *conflict*, refused;
 2. events at or before the table's truncate watermark are superseded;
-3. events at or before the position already stored for the key are
-   superseded (older) or duplicates (equal) — no row ever regresses;
+3. an event at the position already stored for the key is a duplicate; an
+   older one is superseded unless the stored row has a column last set at a
+   lower position still (a partial row: the event may fill it) — no row, and
+   no column, ever regresses;
 4. the remaining events of a key are folded in (position, file, line) order:
-   c/u/r overlay their *present* columns on the row as it stands, d removes it.
+   c/u/r overlay their *present* columns on the row as it stands, d removes
+   it; the fold remembers the position that set each column (``cpos``) and
+   the last delete (``delpos``), and the MERGE keeps, per column, whichever
+   of the stored and the batch's value was set at the higher position;
+5. the insert half of a primary-key change inherits the columns it does not
+   carry from the old key's state just before the change
+   (``inherit_moved_columns``).
 
 Every input row ends in exactly one bucket of ``Accounting``.
 """
@@ -25,7 +34,10 @@ from pyspark.sql.window import Window
 META_POS = "_cdc_pos"
 
 # Labels given to each event.
-APPLY, DUPLICATE, SUPERSEDED = "apply", "duplicate", "superseded"
+APPLY, DUPLICATE, SUPERSEDED, CONFLICT = "apply", "duplicate", "superseded", "conflict"
+NEVER_SET = ""
+"""The per-column position of a column no event has set (NULL since the row
+began): lower than every real position, so any late event may fill it."""
 
 
 def quote(name: str) -> str:
@@ -58,6 +70,7 @@ def prepare_events(events: DataFrame, key_types: dict[str, str]) -> DataFrame:
         F.col("tx_id").alias("_cdc_tx_id"),
         F.col("file").alias("_cdc_file"),
         F.col("line").alias("_cdc_line"),
+        (F.col("change_id") if "change_id" in events.columns else F.lit(None).cast("string")).alias("_cdc_change_id"),
     )
 
 
@@ -66,19 +79,33 @@ def null_key_filter(key_cols: list[str]) -> Column:
 
 
 def label_duplicates(events: DataFrame, key_cols: list[str]) -> DataFrame:
-    """Same key and same position: the first delivery (by file, line) applies.
+    """Same key and same position: the first delivery (by file, line) applies
+    when every delivery has the same content (a re-delivery); when their
+    contents differ, all of them are labelled ``conflict`` (the format's own
+    tie-breaker is in the position, so two different events at one position
+    cannot be ordered: the caller refuses them, never keeps one arbitrarily).
 
     The window is partitioned by the key alone (the previous event of the key
     in position order has the same position): the join with the target and
     the fold then find the events already partitioned by key, and the batch
     is shuffled once instead of twice."""
-    w = Window.partitionBy(*[quote(k) for k in key_cols]).orderBy(META_POS, "_cdc_file", "_cdc_line")
+    keys = [quote(k) for k in key_cols]
+    w = Window.partitionBy(*keys).orderBy(META_POS, "_cdc_file", "_cdc_line")
     repeated = F.lag(META_POS).over(w) == F.col(META_POS)
+    shares_position = repeated | (F.lead(META_POS).over(w) == F.col(META_POS))
     # The key's events in the batch, counted by the same window (no extra pass):
     # fold_per_key folds a key with one event without grouping.
     whole_key = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    return events.withColumn("_cdc_label", F.when(repeated, F.lit(DUPLICATE)).otherwise(F.lit(APPLY))).withColumn(
+    content = F.xxhash64(F.col("_cdc_op"), F.to_json(F.array_sort(F.map_entries(F.coalesce(F.col("_cdc_after"), F.create_map().cast("map<string,string>"))))))
+    labelled = events.withColumn("_cdc_label", F.when(repeated, F.lit(DUPLICATE)).otherwise(F.lit(APPLY))).withColumn(
         "_cdc_key_events", F.count(F.lit(1)).over(whole_key)
+    ).withColumn("_cdc_content", F.when(shares_position, content))
+    # only deliveries that share a position have a content hash (rare): the
+    # (key, position) window needs no new shuffle, the data is partitioned by key
+    same_pos = Window.partitionBy(*keys, META_POS)
+    differs = F.min("_cdc_content").over(same_pos) != F.max("_cdc_content").over(same_pos)
+    return labelled.withColumn("_cdc_label", F.when(F.col("_cdc_content").isNotNull() & differs, F.lit(CONFLICT)).otherwise(F.col("_cdc_label"))).drop(
+        "_cdc_content"
     )
 
 
@@ -87,18 +114,24 @@ def label_against_target(
 ) -> DataFrame:
     """Compare each event with the key's stored position and the truncate watermark.
 
-    ``target_state`` has the key columns, ``_cdc_position`` and ``_cdc_deleted``
-    (tombstones included: a deleted key remembers its position).
+    ``target_state`` has the key columns, ``_cdc_position``, ``_cdc_deleted``
+    and ``_cdc_col_pos`` (tombstones included: a deleted key remembers its
+    position).  An event older than the stored row still applies when the
+    row is live and one of its columns was last set at a lower position than
+    the event's (``_cdc_stored_min_pos``): a late event fills what the later
+    partial events did not carry, whatever the delivery order.
 
     ``prune_state``: first keep only the stored rows whose key is in the batch
     (the batch's keys broadcast, a semi join while scanning), so the join
     shuffles rows in proportion to the batch instead of the whole table.  The
     caller enables it for a batch small next to its table (job.PRUNE_STATE_*).
     """
+    live = ~F.coalesce(F.col("_cdc_deleted"), F.lit(False))
     state = target_state.select(
         *[quote(k) for k in key_cols],
         F.col("_cdc_position").alias("_cdc_stored_pos"),
-        (~F.coalesce(F.col("_cdc_deleted"), F.lit(False))).alias("_cdc_stored_live"),
+        live.alias("_cdc_stored_live"),
+        F.when(live, F.coalesce(F.array_min(F.map_values(F.col("_cdc_col_pos"))), F.col("_cdc_position"))).alias("_cdc_stored_min_pos"),
     )
     if prune_state:
         state = state.join(F.broadcast(events.select(*[quote(k) for k in key_cols])), on=key_cols, how="left_semi")
@@ -110,11 +143,92 @@ def label_against_target(
     label = (
         F.when(label != APPLY, label)
         .when(stored.isNull(), F.lit(APPLY))
-        .when(F.col(META_POS) < stored, F.lit(SUPERSEDED))
         .when(F.col(META_POS) == stored, F.lit(DUPLICATE))
-        .otherwise(F.lit(APPLY))
+        .when(F.col(META_POS) > stored, F.lit(APPLY))
+        .when(F.col(META_POS) > F.col("_cdc_stored_min_pos"), F.lit(APPLY))
+        .otherwise(F.lit(SUPERSEDED))
     )
     return joined.withColumn("_cdc_label", label).withColumn("_cdc_stored_live", F.coalesce(F.col("_cdc_stored_live"), F.lit(False)))
+
+
+def text_of(column: Column, spark_type: str) -> Column:
+    """A stored typed value as canonical text (the inverse of ``typed_value``)."""
+    if spark_type == "binary":
+        return F.base64(column)
+    if spark_type.startswith("timestamp"):
+        return F.date_format(column, "yyyy-MM-dd HH:mm:ss.SSSSSS")
+    return column.cast("string")
+
+
+_STATE_BEFORE = """
+aggregate(
+  array_sort(hist, (l, r) -> CASE
+      WHEN l.pos < r.pos THEN -1 WHEN l.pos > r.pos THEN 1
+      WHEN l.file < r.file THEN -1 WHEN l.file > r.file THEN 1
+      WHEN l.line < r.line THEN -1 WHEN l.line > r.line THEN 1 ELSE 0 END),
+  cast(map() AS map<string,string>),
+  (acc, e) -> CASE WHEN e.op = 'd' THEN cast(map() AS map<string,string>) ELSE map_concat(acc, e.after) END)
+"""
+
+
+def inherit_moved_columns(prepared: DataFrame, stored: DataFrame, key_cols: list[str], columns: dict[str, str]) -> tuple[DataFrame, DataFrame]:
+    """The insert half of a primary-key change inherits what it does not carry.
+
+    A source emits a key change as a delete of the old key and an insert of
+    the new key with one ``change_id`` (Debezium PostgreSQL: one lsn;
+    SQL Server: one commit/change LSN, serials 1 and 2; Qlik: the split
+    UPDATE).  The insert may leave columns out (an unchanged TOASTed value
+    arrives as Debezium's unavailable-value placeholder, a Qlik mask bit 0):
+    their value is the old key's as of just before the delete, taken from the
+    old key's earlier events in this batch over its stored live row.
+
+    Returns ``prepared`` with the inserts' ``_cdc_after`` completed, and the
+    pairs found (``_m_cid``, the insert's lineage) for the caller's counts.
+    Inserts whose delete half is not in this batch stay as they are (counted
+    by ``accounting`` as ``partial_inserts``)."""
+    keys = [quote(k) for k in key_cols]
+    cid = F.col("_cdc_change_id")
+    old = [f"_m_old{i}" for i in range(len(key_cols))]
+    deletes = prepared.where((F.col("_cdc_op") == "d") & cid.isNotNull()).select(
+        cid.alias("_m_cid"), *[F.col(k).alias(o) for k, o in zip(keys, old)], F.col(META_POS).alias("_m_pos")
+    )
+    partial = prepared.where((F.col("_cdc_op") != "d") & cid.isNotNull() & (F.size("_cdc_after") < len(columns))).select(
+        cid.alias("_m_cid"), *keys, "_cdc_file", "_cdc_line"
+    )
+    same_key = F.lit(True)
+    for k, o in zip(key_cols, old):
+        same_key = same_key & F.col(quote(k)).eqNullSafe(F.col(o))
+    pairs = partial.join(deletes, "_m_cid").where(~same_key).drop(*keys).persist()
+    if pairs.isEmpty():
+        return prepared, pairs
+    pick = [F.col(quote(k)) == F.col(o) for k, o in zip(key_cols, old)]
+    on = pick[0]
+    for c in pick[1:]:
+        on = on & c
+    event = F.struct(F.col(META_POS).alias("pos"), F.col("_cdc_file").alias("file"), F.col("_cdc_line").alias("line"), F.col("_cdc_op").alias("op"),
+                     F.coalesce(F.col("_cdc_after"), F.create_map().cast("map<string,string>")).alias("after"))
+    data = F.create_map(*[x for c, t in columns.items() for x in (F.lit(c), text_of(F.col(quote(c)), t))])
+    # the pair's own lineage names the insert; rename so both sides agree
+    p_named = pairs.withColumnRenamed("_cdc_file", "_m_file").withColumnRenamed("_cdc_line", "_m_line")
+    pb = F.broadcast(p_named)
+    from_batch = prepared.join(pb, on).where(F.col(META_POS) < F.col("_m_pos")).select("_m_file", "_m_line", event.alias("e"))
+    table_event = F.struct(F.col("_cdc_position").alias("pos"), F.lit("").alias("file"), F.lit(0).cast("bigint").alias("line"), F.lit("u").alias("op"), data.alias("after"))
+    from_table = (
+        stored.join(pb, on)
+        .where(~F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & (F.col("_cdc_position") < F.col("_m_pos")))
+        .select("_m_file", "_m_line", table_event.alias("e"))
+    )
+    inherited = (
+        from_batch.unionByName(from_table)
+        .groupBy("_m_file", "_m_line")
+        .agg(F.collect_list("e").alias("hist"))
+        .select(F.col("_m_file").alias("_cdc_file"), F.col("_m_line").alias("_cdc_line"), F.expr(_STATE_BEFORE).alias("_m_inherited"))
+    )
+    completed = prepared.join(F.broadcast(inherited), ["_cdc_file", "_cdc_line"], "left").withColumn(
+        "_cdc_after",
+        F.when(F.col("_m_inherited").isNotNull(), F.map_concat(F.col("_m_inherited"), F.col("_cdc_after"))).otherwise(F.col("_cdc_after")),
+    ).drop("_m_inherited")
+    return completed, pairs
 
 
 _FOLD = """
@@ -124,12 +238,16 @@ aggregate(
       WHEN l.file < r.file THEN -1 WHEN l.file > r.file THEN 1
       WHEN l.line < r.line THEN -1 WHEN l.line > r.line THEN 1 ELSE 0 END),
   named_struct('base', 'table', 'deleted', false, 'vals', cast(map() AS map<string,string>),
+               'cpos', cast(map() AS map<string,string>), 'delpos', cast(NULL AS string),
                'pos', cast(NULL AS string), 'op', cast(NULL AS string),
                'commit_ts', cast(NULL AS timestamp), 'tx_id', cast(NULL AS string)),
   (acc, e) -> CASE WHEN e.op = 'd'
     THEN named_struct('base', 'empty', 'deleted', true, 'vals', cast(map() AS map<string,string>),
+                      'cpos', cast(map() AS map<string,string>), 'delpos', e.pos,
                       'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id)
     ELSE named_struct('base', acc.base, 'deleted', false, 'vals', map_concat(acc.vals, e.after),
+                      'cpos', map_concat(acc.cpos, map_from_arrays(map_keys(e.after), array_repeat(e.pos, size(e.after)))),
+                      'delpos', acc.delpos,
                       'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id)
   END)
 """
@@ -140,8 +258,11 @@ aggregate(
 _ONE_EVENT = """
 CASE WHEN {e}.op = 'd'
   THEN named_struct('base', 'empty', 'deleted', true, 'vals', cast(map() AS map<string,string>),
+                    'cpos', cast(map() AS map<string,string>), 'delpos', {e}.pos,
                     'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id)
   ELSE named_struct('base', 'table', 'deleted', false, 'vals', {e}.after,
+                    'cpos', map_from_arrays(map_keys({e}.after), array_repeat({e}.pos, size({e}.after))),
+                    'delpos', cast(NULL AS string),
                     'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id)
 END
 """
@@ -156,11 +277,15 @@ def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
     event (most keys of a batch) is folded by an expression on its row; only
     keys with several events are grouped, their events collected and folded.
 
-    Output: key columns, ``_cdc_action`` ('upsert' | 'delete'), ``_cdc_base``
+    Output: key columns, ``_cdc_action`` ('upsert' | 'delete' when the
+    batch's last event is newer than the stored row; 'fill' when every event
+    is older, so only columns last set lower still change), ``_cdc_base``
     ('table': columns not present keep the stored value; 'empty': a delete in
-    the batch came first, so they are NULL), ``_cdc_vals`` (present columns as
-    canonical text), ``_cdc_pos``/``_cdc_op``/``_cdc_commit_ts``/``_cdc_tx_id``
-    of the last event, ``_cdc_events`` folded, ``_cdc_stored_live``.
+    the batch came first), ``_cdc_vals`` (present columns as canonical text),
+    ``_cdc_cpos`` (the position that set each of them), ``_cdc_delpos`` (the
+    batch's last delete of the key), ``_cdc_pos``/``_cdc_op``/
+    ``_cdc_commit_ts``/``_cdc_tx_id`` of the last event, ``_cdc_events``
+    folded, ``_cdc_stored_live``, ``_cdc_stored_pos``.
     """
     keys = [quote(k) for k in key_cols]
     ev = F.struct(
@@ -174,45 +299,52 @@ def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
     )
     applied = events.where(F.col("_cdc_label") == APPLY)
     alone = applied.where(F.col("_cdc_key_events") == 1).select(
-        *keys, ev.alias("_e"), F.lit(1).cast("bigint").alias("_cdc_events"), "_cdc_stored_live"
+        *keys, ev.alias("_e"), F.lit(1).cast("bigint").alias("_cdc_events"), "_cdc_stored_live", "_cdc_stored_pos"
     ).withColumn("_f", F.expr(_ONE_EVENT.format(e="_e")))
     grouped = (
         applied.where(F.col("_cdc_key_events") > 1)
         .groupBy(*keys)
-        .agg(F.collect_list(ev).alias("evs"), F.max("_cdc_stored_live").alias("_cdc_stored_live"), F.count(F.lit(1)).alias("_cdc_events"))
+        .agg(
+            F.collect_list(ev).alias("evs"),
+            F.max("_cdc_stored_live").alias("_cdc_stored_live"),
+            F.max("_cdc_stored_pos").alias("_cdc_stored_pos"),
+            F.count(F.lit(1)).alias("_cdc_events"),
+        )
         .withColumn("_f", F.expr(_ONE_OR_FOLD))
     )
     return _folded_columns(alone, keys).unionByName(_folded_columns(grouped, keys))
 
 
 def _folded_columns(df: DataFrame, keys: list[str]) -> DataFrame:
+    newer = F.col("_cdc_stored_pos").isNull() | (F.col("_f.pos") > F.col("_cdc_stored_pos"))
     return df.select(
         *keys,
-        F.when(F.col("_f.deleted"), F.lit("delete")).otherwise(F.lit("upsert")).alias("_cdc_action"),
+        F.when(~newer, F.lit("fill")).when(F.col("_f.deleted"), F.lit("delete")).otherwise(F.lit("upsert")).alias("_cdc_action"),
         F.col("_f.base").alias("_cdc_base"),
         F.col("_f.vals").alias("_cdc_vals"),
+        F.col("_f.cpos").alias("_cdc_cpos"),
+        F.col("_f.delpos").alias("_cdc_delpos"),
         F.col("_f.pos").alias(META_POS),
         F.col("_f.op").alias("_cdc_op"),
         F.col("_f.commit_ts").alias("_cdc_commit_ts"),
         F.col("_f.tx_id").alias("_cdc_tx_id"),
         "_cdc_events",
         "_cdc_stored_live",
+        "_cdc_stored_pos",
     )
 
 
 def merge_source(folded: DataFrame, key_cols: list[str], columns: dict[str, str]) -> DataFrame:
     """Typed data columns for the MERGE; ``_cdc_present`` lists present columns."""
-    data = [
-        F.when(F.col("_cdc_action") == "upsert", typed_value(F.col("_cdc_vals")[c], t)).alias(c)
-        for c, t in columns.items()
-        if c not in key_cols
-    ]
+    data = [typed_value(F.col("_cdc_vals")[c], t).alias(c) for c, t in columns.items() if c not in key_cols]
     return folded.select(
         *[quote(k) for k in key_cols],
         *data,
         F.map_keys("_cdc_vals").alias("_cdc_present"),
         "_cdc_action",
         "_cdc_base",
+        "_cdc_cpos",
+        "_cdc_delpos",
         META_POS,
         "_cdc_op",
         "_cdc_commit_ts",
@@ -231,9 +363,12 @@ class Accounting(NamedTuple):
     for the MERGE to prune the target's files (merge.key_range_condition)"""
 
 
-def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str]) -> Accounting:
+def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], width: int | None = None) -> Accounting:
     """Counts per bucket (every event is in exactly one), the batch's position
-    range and the events without a key value, in two Spark jobs."""
+    range and the events without a key value, in two Spark jobs.  With the
+    table's ``width`` (columns), also ``partial_inserts``: inserts that leave
+    columns out and inherited nothing (the delete half of their primary-key
+    change is not in this batch), so those columns stay NULL."""
     per_label = (
         labelled.groupBy("_cdc_label")
         .agg(
@@ -241,6 +376,7 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str]) -> A
             F.min(META_POS).alias("lo"),
             F.max(META_POS).alias("hi"),
             F.count(F.when(null_key_filter(key_cols), 1)).alias("null_keys"),
+            F.count(F.when((F.col("_cdc_op") == "c") & (F.size("_cdc_after") < (width or 0)), 1)).alias("partial_inserts"),
         )
         .collect()
     )
@@ -252,18 +388,22 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str]) -> A
         F.sum(F.when((F.col("_cdc_action") == "upsert") & F.col("_cdc_stored_live"), 1).otherwise(0)).alias("updated"),
         F.sum(F.when((F.col("_cdc_action") == "delete") & F.col("_cdc_stored_live"), 1).otherwise(0)).alias("deleted"),
         F.sum(F.when((F.col("_cdc_action") == "delete") & ~F.col("_cdc_stored_live"), 1).otherwise(0)).alias("noop_deletes"),
+        F.sum(F.when(F.col("_cdc_action") == "fill", 1).otherwise(0)).alias("filled"),
         F.sum(F.col("_cdc_events") - 1).alias("compacted"),
         F.count(F.lit(1)).alias("keys"),
         *[F.min(quote(k)).alias(f"_lo{i}") for i, k in enumerate(key_cols)],
         *[F.max(quote(k)).alias(f"_hi{i}") for i, k in enumerate(key_cols)],
     ).collect()[0]
     key_ranges = {k: (agg[f"_lo{i}"], agg[f"_hi{i}"]) for i, k in enumerate(key_cols) if agg[f"_lo{i}"] is not None}
-    counts = {k: int(agg[k] or 0) for k in ("inserted", "updated", "deleted", "noop_deletes", "compacted", "keys")}
+    counts = {k: int(agg[k] or 0) for k in ("inserted", "updated", "deleted", "noop_deletes", "filled", "compacted", "keys")}
     counts["duplicates"] = int(by_label.get(DUPLICATE, 0))
+    counts["conflicts"] = int(by_label.get(CONFLICT, 0))
+    if width:
+        counts["partial_inserts"] = sum(int(r["partial_inserts"]) for r in per_label if r["_cdc_label"] == APPLY)
     # folded-away events were superseded by a later event of their key in this batch
     counts["superseded"] = int(by_label.get(SUPERSEDED, 0)) + counts.pop("compacted")
     applied_events = int(by_label.get(APPLY, 0))
-    final = counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop_deletes"]
+    final = counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop_deletes"] + counts["filled"]
     if not null_keys and applied_events != final + (counts["superseded"] - int(by_label.get(SUPERSEDED, 0))):
         raise AssertionError(f"accounting does not add up: {applied_events} events vs {counts}")
     return Accounting(counts, min(lows, default=None), max(highs, default=None), null_keys, key_ranges)

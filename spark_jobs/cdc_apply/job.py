@@ -217,6 +217,7 @@ def apply_decoded(
                 F.bool_and(F.col("op") == "t").alias("only_truncates"),
                 F.max(F.when(F.col("op") == "t", F.col("position"))).alias("max_truncate"),
                 F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
+                F.count(F.when((F.col("op") == "d") & F.col("change_id").isNotNull(), 1)).alias("keyed_deletes"),
             )
             .collect()
         )
@@ -374,20 +375,34 @@ def _apply_table(
         merge.reset_branch(spark, spec, branch)
         start_snapshot = merge.branch_snapshot(spark, spec, branch)
         main_df = merge.read_branch(spark, spec, "main")
-        labelled = compact.label_duplicates(prepared, spec.key_columns)
         if truncs["n"]:
             merge.apply_truncate(spark, spec, branch, truncs["p"])
-        state = merge.read_branch(spark, spec, branch).select(*[compact.quote(k) for k in spec.key_columns], "_cdc_position", "_cdc_deleted")
+        moved = None
+        if meta["keyed_deletes"]:  # a primary-key change is a delete and an insert sharing a change_id
+            prepared, moved = compact.inherit_moved_columns(prepared, merge.read_branch(spark, spec, branch), spec.key_columns, spec.columns)
+        labelled = compact.label_duplicates(prepared, spec.key_columns)
+        state = merge.read_branch(spark, spec, branch).select(
+            *[compact.quote(k) for k in spec.key_columns], "_cdc_position", "_cdc_deleted", "_cdc_col_pos"
+        )
         base_live = merge.read_branch(spark, spec, branch).where("NOT _cdc_deleted").count()
         n_events = int(meta["n"])
         prune = n_events <= PRUNE_STATE_MAX_EVENTS and n_events * PRUNE_STATE_MIN_RATIO <= base_live
         labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at, prune_state=prune).persist()
         folded = compact.fold_per_key(labelled, spec.key_columns).persist()
         try:
-            counts, tr.position_min, tr.position_max, null_keys, key_ranges = compact.accounting(labelled, folded, spec.key_columns)
+            counts, tr.position_min, tr.position_max, null_keys, key_ranges = compact.accounting(labelled, folded, spec.key_columns, len(spec.columns))
             if null_keys:  # before anything is merged: the branch is reset by the next attempt
                 raise ConfigError(f"{spec.identifier}: {null_keys} event(s) carry no value for key column(s) {spec.key_columns}")
             counts["truncates"] = int(truncs["n"])
+            if moved is not None:
+                counts["key_changes_inherited"] = moved.count()
+                moved.unpersist()
+            if counts.get("partial_inserts"):
+                log.warning(
+                    "%s: %d insert(s) leave columns out and the delete half of their primary-key change is not in this batch: "
+                    "those columns are NULL until a later event carries them", spec.identifier, counts["partial_inserts"])
+            if counts["conflicts"]:
+                tr.failed_expectations.append(_conflict_check(labelled, spec.key_columns, counts["conflicts"]))
             tr.counts = counts
             if truncs["p"] and (tr.position_max is None or truncs["p"] > tr.position_max):
                 tr.position_max = truncs["p"]
@@ -400,7 +415,7 @@ def _apply_table(
             tr.branch = branch
             tr.key_columns = spec.key_columns
             # reconciliation needs the folded batch: computed now, judged by the gate
-            tr.failed_expectations = gate.reconcile(merge.read_branch(spark, spec, branch), base_live, folded, spec.key_columns, counts, main_df)
+            tr.failed_expectations += gate.reconcile(merge.read_branch(spark, spec, branch), base_live, folded, spec.key_columns, counts, main_df)
             tr.status = "written"
         finally:
             labelled.unpersist()
@@ -416,6 +431,22 @@ def _apply_table(
         tr.message = f"{type(exc).__name__}: {str(exc)[:2000]}"
         tr.terminal = False
     return tr
+
+
+def _conflict_check(labelled: DataFrame, key_columns: list[str], n: int) -> str:
+    """The failed check for events of one key at one position whose contents
+    differ: the gate refuses the table (nothing of the key at that position
+    is applied) until the source is fixed, or an operator forces or skips."""
+    rows = (
+        labelled.where(F.col("_cdc_label") == compact.CONFLICT)
+        .select(*[compact.quote(k) for k in key_columns], compact.META_POS, "_cdc_file", "_cdc_line")
+        .limit(5)
+        .collect()
+    )
+    where = "; ".join(
+        f"key {tuple(r[k] for k in key_columns)} position {r[compact.META_POS]} at {r['_cdc_file']}:{r['_cdc_line']}" for r in rows
+    )
+    return f"equal_position_conflict(events={n}: different events of one key at one source position, not applied; e.g. {where})"
 
 
 def validate_batch(settings: Settings, result: BatchResult, spark: SparkSession | None = None, table: str | None = None) -> BatchResult:

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .compact import META_POS, quote
+from .compact import META_POS, NEVER_SET, quote
 from .tables import INT_TYPES, TableSpec
 
 _SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
@@ -61,8 +61,20 @@ def read_branch(spark: SparkSession, spec: TableSpec, branch: str) -> DataFrame:
 
 def apply_truncate(spark: SparkSession, spec: TableSpec, branch: str, truncated_at: str) -> None:
     """Rows older than the truncate disappear; the watermark (in the ledger)
-    keeps older late events from bringing them back."""
-    spark.sql(f"DELETE FROM {branch_ref(spec, branch)} WHERE _cdc_position < '{_sql_str(truncated_at)}'")
+    keeps older late events from bringing them back.  A newer row whose
+    columns were partly set before the truncate (a late truncate after
+    partial updates) has those columns set NULL at the truncate."""
+    t = _sql_str(truncated_at)
+    spark.sql(f"DELETE FROM {branch_ref(spec, branch)} WHERE _cdc_position < '{t}'")
+    data_cols = [c for c in spec.columns if c not in spec.key_columns]
+    if data_cols:
+        older = {c: f"coalesce(_cdc_col_pos['{_sql_str(c)}'], _cdc_position) < '{t}'" for c in data_cols}
+        sets = [f"{quote(c)} = CASE WHEN {cond} THEN NULL ELSE {quote(c)} END" for c, cond in older.items()]
+        pos = f"map_filter(transform_values(_cdc_col_pos, (k, v) -> CASE WHEN v < '{t}' THEN '{t}' ELSE v END), (k, v) -> v < _cdc_position)"
+        spark.sql(
+            f"UPDATE {branch_ref(spec, branch)} SET {', '.join(sets)}, _cdc_col_pos = {pos} "
+            f"WHERE NOT _cdc_deleted AND array_min(map_values(_cdc_col_pos)) < '{t}'"
+        )
 
 
 def key_range_condition(spec: TableSpec, key_ranges: dict[str, tuple] | None) -> list[str]:
@@ -108,34 +120,58 @@ def merge_changes(
 
 
 def merge_sql(spec: TableSpec, branch: str, view: str, batch_id: str, key_ranges: dict[str, tuple] | None = None) -> str:
-    """The MERGE of the net changes in ``view`` (compact.merge_source) into the branch."""
+    """The MERGE of the net changes in ``view`` (compact.merge_source) into the branch.
+
+    Per data column, the stored value and the batch's compete by the position
+    that set them: the stored one's is ``_cdc_col_pos[c]`` (absent: the row's
+    position; a tombstone's columns were set NULL at its position), the
+    batch's is the position of its last event carrying the column, else of
+    its last delete of the key.  The higher one wins, so re-applying a batch
+    changes nothing and a late event fills only what later events did not
+    carry.  ``_cdc_col_pos`` keeps the columns set below the row's position."""
     on = " AND ".join([f"t.{quote(k)} = s.{quote(k)}" for k in spec.key_columns] + key_range_condition(spec, key_ranges))
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
     batch = _sql_str(batch_id)
-    meta = (
-        f"_cdc_position = s.{META_POS}, _cdc_op = s._cdc_op, _cdc_commit_ts = s._cdc_commit_ts, "
-        f"_cdc_tx_id = s._cdc_tx_id, _cdc_batch_id = '{batch}', _cdc_applied_at = current_timestamp()"
-    )
-    keep = [
-        f"{quote(c)} = CASE WHEN s._cdc_base = 'table' AND NOT t._cdc_deleted "
-        f"AND NOT array_contains(s._cdc_present, '{_sql_str(c)}') THEN t.{quote(c)} ELSE s.{quote(c)} END"
-        for c in data_cols
+    newer = f"s.{META_POS} > t._cdc_position"
+
+    def batch_pos(c: str) -> str:
+        return f"(CASE WHEN array_contains(s._cdc_present, '{_sql_str(c)}') THEN s._cdc_cpos['{_sql_str(c)}'] ELSE s._cdc_delpos END)"
+
+    def stored_pos(c: str) -> str:
+        return f"(CASE WHEN t._cdc_deleted THEN t._cdc_position ELSE coalesce(t._cdc_col_pos['{_sql_str(c)}'], t._cdc_position) END)"
+
+    def wins(c: str) -> str:
+        return f"coalesce({batch_pos(c)} > {stored_pos(c)}, false)"
+
+    row_pos = f"greatest(s.{META_POS}, t._cdc_position)"
+    matched_pos = ", ".join(f"'{_sql_str(c)}', CASE WHEN {wins(c)} THEN {batch_pos(c)} ELSE {stored_pos(c)} END" for c in data_cols)
+    new_pos = ", ".join(f"'{_sql_str(c)}', coalesce({batch_pos(c)}, '{NEVER_SET}')" for c in data_cols)
+    empty = "cast(map() AS map<string,string>)"
+    col_pos_matched = f"map_filter(map({matched_pos}), (k, v) -> v < {row_pos})" if data_cols else empty
+    col_pos_new = f"map_filter(map({new_pos}), (k, v) -> v < s.{META_POS})" if data_cols else empty
+    sets = [f"{quote(c)} = CASE WHEN {wins(c)} THEN s.{quote(c)} ELSE t.{quote(c)} END" for c in data_cols]
+    meta = [
+        f"_cdc_col_pos = {col_pos_matched}",
+        f"_cdc_op = CASE WHEN {newer} THEN s._cdc_op ELSE t._cdc_op END",
+        f"_cdc_commit_ts = CASE WHEN {newer} THEN s._cdc_commit_ts ELSE t._cdc_commit_ts END",
+        f"_cdc_tx_id = CASE WHEN {newer} THEN s._cdc_tx_id ELSE t._cdc_tx_id END",
+        f"_cdc_deleted = CASE WHEN {newer} THEN s._cdc_action = 'delete' ELSE t._cdc_deleted END",
+        f"_cdc_position = {row_pos}",
+        f"_cdc_batch_id = '{batch}'",
+        "_cdc_applied_at = current_timestamp()",
     ]
-    tomb = [f"{quote(c)} = NULL" for c in data_cols]
     insert_cols = [quote(c) for c in spec.key_columns + data_cols]
     insert_vals = [f"s.{quote(c)}" for c in spec.key_columns + data_cols]
     return f"""
     MERGE INTO {branch_ref(spec, branch)} t
     USING {view} s
     ON {on}
-    WHEN MATCHED AND s.{META_POS} > t._cdc_position AND s._cdc_action = 'delete' THEN UPDATE SET
-      {', '.join(tomb + [meta, '_cdc_deleted = true'])}
-    WHEN MATCHED AND s.{META_POS} > t._cdc_position THEN UPDATE SET
-      {', '.join(keep + [meta, '_cdc_deleted = false'])}
+    WHEN MATCHED AND s.{META_POS} <> t._cdc_position THEN UPDATE SET
+      {', '.join(sets + meta)}
     WHEN NOT MATCHED THEN INSERT
-      ({', '.join(insert_cols)}, _cdc_position, _cdc_op, _cdc_deleted, _cdc_commit_ts, _cdc_tx_id, _cdc_batch_id, _cdc_applied_at)
+      ({', '.join(insert_cols)}, _cdc_position, _cdc_op, _cdc_deleted, _cdc_commit_ts, _cdc_tx_id, _cdc_batch_id, _cdc_applied_at, _cdc_col_pos)
       VALUES ({', '.join(insert_vals)}, s.{META_POS}, s._cdc_op, s._cdc_action = 'delete', s._cdc_commit_ts, s._cdc_tx_id,
-              '{batch}', current_timestamp())
+              '{batch}', current_timestamp(), {col_pos_new})
     """
 
 

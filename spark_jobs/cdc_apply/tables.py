@@ -25,7 +25,11 @@ META_COLUMNS = {
     "_cdc_tx_id": "string",
     "_cdc_batch_id": "string",
     "_cdc_applied_at": "timestamp",
+    "_cdc_col_pos": "map<string,string>",
 }
+"""``_cdc_col_pos``: the position that set each data column whose last setting
+event is older than the row's ``_cdc_position`` (partial rows; empty for full
+images): a late event may fill exactly those columns (compact, merge)."""
 _BAD_COLUMN = re.compile(r"[`\x00-\x1f\x7f]")
 _DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
 INT_TYPES = ["tinyint", "smallint", "int", "bigint"]
@@ -146,12 +150,17 @@ def evolve(spark: SparkSession, spec: TableSpec) -> list[str]:
     the batch does not declare are kept (old sources may omit them).
     """
     have, keys = existing_schema(spark, spec.identifier)
+    changes = []
+    meta_have = {f.name for f in spark.table(spec.identifier).schema.fields if f.name.startswith("_cdc_")}
+    for col, typ in META_COLUMNS.items():
+        if col not in meta_have:  # a table made by an earlier version of the project
+            spark.sql(f"ALTER TABLE {spec.identifier} ADD COLUMN {col} {typ}")
+            changes.append(f"added CDC column {col}")
     if keys and [k.lower() for k in keys] != [k.lower() for k in spec.key_columns]:
         raise SchemaIncompatible(
             f"{spec.identifier}: primary key changed from {keys} to {spec.key_columns}; a key change needs a rebuild of the table"
         )
     lower = {c.lower(): c for c in have}
-    changes = []
     merged = dict(have)
     for col, typ in spec.columns.items():
         existing = lower.get(col.lower())

@@ -189,6 +189,8 @@ def apply_decoded(
                 held_lines.setdefault(r["file"], []).append(r["line"])
             result.held_files = sorted(held_lines)
         state[held.HELD_KEY] = held.carry(state, files, held_lines)
+        if not state[held.HELD_KEY]:
+            del state[held.HELD_KEY]
         quarantined = messages.get("quarantined", 0)
         if not dry_run and quarantined:
             _record_quarantine(spark, settings, source, batch_id, decoded)

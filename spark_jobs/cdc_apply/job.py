@@ -22,7 +22,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from . import compact, gate, ledger, merge, tables
+from . import compact, gate, held, ledger, merge, tables
 from .archive import ArchiveFile, list_files
 from .config import Settings, SourceConfig, get_source
 from .decode import DecodeContext
@@ -173,6 +173,8 @@ def apply_decoded(
     result.stage = "write"
     batch_id = result.batch_id
     branch = ledger.audit_branch(batch_id)
+    # lines of partly applied files that an earlier batch accounted for are not read again
+    decoded = held.only_held_lines(spark, decoded, held.prior_in_batch(state, files))
     decoded = decoded.persist()
     try:
         status_counts = {(r["status"], r["reason"]): r["n"] for r in decoded.groupBy("status", "reason").agg(F.count(F.lit(1)).alias("n")).collect()}
@@ -183,8 +185,14 @@ def apply_decoded(
                 messages[f"{status}:{reason}"] = n
         result.messages = messages
         _refuse_config(source, status_counts, decoded)
+        held_lines: dict[str, list[int]] = {}
         if messages.get("held"):  # a Spark job only when something is held
-            result.held_files = sorted(r["file"] for r in decoded.where("status = 'held'").select("file").distinct().collect())
+            for r in decoded.where("status = 'held'").select("file", "line").collect():
+                held_lines.setdefault(r["file"], []).append(r["line"])
+            result.held_files = sorted(held_lines)
+        state[held.HELD_KEY] = held.carry(state, files, held_lines)
+        if not state[held.HELD_KEY]:
+            del state[held.HELD_KEY]
         quarantined = messages.get("quarantined", 0)
         if not dry_run and quarantined:
             _record_quarantine(spark, settings, source, batch_id, decoded)
@@ -222,7 +230,7 @@ def apply_decoded(
             .collect()
         )
         for meta in sorted(table_meta, key=lambda r: (r["table_name"], r["schema_name"] or "")):
-            tr = _apply_table(spark, settings, source, batch_id, branch, files, events, meta, dry_run, state)
+            tr = _apply_table(spark, settings, source, batch_id, branch, files, events, meta, dry_run, state, set(result.held_files))
             result.tables.append(tr)
         result.source_state = state
         result.fail_if_any()
@@ -316,6 +324,7 @@ def _apply_table(
     meta: Any,
     dry_run: bool,
     source_state: dict,
+    held_files: set[str] | None = None,
 ) -> TableResult:
     name = meta["table_name"]
     tr = TableResult(table=name, status="failed")
@@ -406,7 +415,9 @@ def _apply_table(
             tr.counts = counts
             if truncs["p"] and (tr.position_max is None or truncs["p"] > tr.position_max):
                 tr.position_max = truncs["p"]
-            props = ledger.summary_properties(batch_id, [f.as_dict() for f in new_files], position_max=tr.position_max, truncated_at=truncated_at, counts=counts)
+            # a file with held messages is not applied to the table until they are (held.py)
+            applied = [f.as_dict() for f in new_files if f.path not in (held_files or ())]
+            props = ledger.summary_properties(batch_id, applied, position_max=tr.position_max, truncated_at=truncated_at, counts=counts)
             with merge.snapshot_properties(spark, props):
                 source_df = compact.merge_source(folded, spec.key_columns, spec.columns)
                 merge.merge_changes(spark, spec, branch, source_df, batch_id, key_ranges)

@@ -266,6 +266,40 @@ def test_pk_change_update_splits() -> None:
     assert old.position.endswith("|0") and new.position.endswith("|1") and old.position < new.position
 
 
+def test_transaction_event_counter_breaks_ties_at_one_change_sequence() -> None:
+    """Two different changes of one key at one changeSequence: the
+    transactionEventCounter orders them, whatever the arrival order."""
+    out = run(meta(BASIC),
+              data({"id": 1, "v": "second"}, "UPDATE", seq=7, transactionEventCounter=10),
+              data({"id": 1, "v": "first"}, "UPDATE", seq=7, transactionEventCounter=9))
+    later, earlier = out[1:]
+    assert later.position.split("|")[0] == earlier.position.split("|")[0]
+    assert later.position == "20260101000000000000000000000000007|00000000000000000010|1"
+    assert [e.after["v"] for e in sorted([later, earlier], key=lambda e: e.position)] == ["first", "second"]
+
+
+def test_change_id_pairs_the_halves_of_a_key_change_only() -> None:
+    seq = "2026010100000000" + f"{9:019d}"
+    out = run(meta(BASIC), data({"id": 2, "v": "b"}, "UPDATE", seq=9, before={"id": 1, "v": "a"}),
+              data({"id": 2, "v": "c"}, "UPDATE", seq=10), data({"id": 3, "v": "d"}, "INSERT", seq=11),
+              data({"id": 4, "v": "r"}, "REFRESH", changeSequence="", transactionEventCounter=0))
+    old, new, upd, ins, refresh = out[1:]
+    assert old.change_id == new.change_id == seq
+    assert upd.change_id == seq[:-2] + "10" and ins.change_id == seq[:-2] + "11"
+    assert refresh.change_id is None  # a full-load row has no change sequence (and no pairing)
+
+
+def test_pk_change_new_key_carries_only_present_columns() -> None:
+    cols = {"id": ("INT4", 1), "a": ("STRING", 0), "b": ("STRING", 0)}
+    # columnMask 05: ordinals 1 and 3 present, 'a' (ordinal 2) not present in either image
+    out = run(meta(cols), data({"id": 2, "a": None, "b": "y"}, "UPDATE", seq=9,
+                               before={"id": 1, "a": None, "b": "x"}, columnMask="05"))
+    old, new = out[1:]
+    assert (old.op, new.op) == (Op.DELETE, Op.INSERT) and old.change_id == new.change_id
+    assert new.after == {"id": "2", "b": "y"} and "a" not in new.after
+    assert old.before == {"id": "1", "b": "x"}
+
+
 def test_update_without_before_is_plain_update() -> None:
     ev = only_event(run(meta(BASIC), data({"id": 2, "v": "b"}, "UPDATE")))
     assert ev.op is Op.UPDATE and ev.before is None

@@ -67,9 +67,14 @@ change sequence: they get 35 zeros, which sorts before every CDC change of the
 task. Known limitation: rows of a table *reloaded* during CDC get the same
 zero position and so lose to CDC changes already applied to the same key.
 
+``transactionEventCounter`` is the tie-breaker of two changes at one
+``changeSequence``.  ``change_id`` is the ``changeSequence`` (one per source
+change; None for REFRESH rows, which have none and are never key changes).
+
 UPDATE whose ``beforeData`` key differs from its ``data`` key (a primary-key
 change) becomes a DELETE of the old key (``before`` = beforeData) plus an INSERT
-(upsert) of the new key.  DELETE carries its key in ``before`` (from beforeData,
+(upsert) of the new key, both with the UPDATE's ``change_id``; the new key's
+row carries only the columns the columnMask marks present.  DELETE carries its key in ``before`` (from beforeData,
 else from data) and an empty ``after``.  Key columns come from
 ``primaryKeyPosition`` (ordered by it), else from the configured key.
 """
@@ -494,7 +499,7 @@ class QlikDecoder(Decoder):
                 format=Format.QLIK.value, database=None, schema=schema, table=table, op=ev_op,
                 key_columns=list(key_columns), after=ev_after, before=ev_before, position=f"{base_position}|{k}",
                 columns=columns, tx_id=tx_id, commit_ts_us=commit_ts_us, file=msg.file, line=msg.line,
-                notes=notes + list(extra),
+                notes=notes + list(extra), change_id=None if op is Op.READ else sequence,
             )
 
         if op is Op.DELETE:

@@ -16,12 +16,20 @@ Position (fixed width, string order == log order)::
 e.g. ``0000002c00000300017c|00000000000000000001``.  The commit LSN is taken
 from ``eventsource.transaction.commitlsn`` in any of the spellings
 ``0000002C00000300017C``, ``0x0000002C00000300017C`` or
-``0000002C:00000300:017C`` (VLF:block:slot, zero-filled to 8:8:4).  A message
-without ``eventsource.transaction`` is quarantined: ``logicalid`` looks like
-``<guid>:<LSN>:<sequence>`` but its layout is undocumented, so it is used only
-to group split segments, never as a position.  ``tx_id`` is the commit LSN (one
-per transaction); ``commit_ts_us`` is ``transaction.committime`` (text without
-a zone is read as UTC), else the CloudEvent ``time``.
+``0000002C:00000300:017C`` (VLF:block:slot, zero-filled to 8:8:4).  The
+sequence number is the tie-breaker of the changes of one commit.  Without
+``eventsource.transaction`` (the spec's own three examples have none) the
+position is read from ``logicalid`` = ``<guid>:<commit LSN, 20 hex
+digits>:<sequence, 20 digits>`` (it orders the examples insert < update <
+delete); a message with neither quarantines.  When both are present the
+transaction wins and a ``logicalid`` that disagrees with it is flagged in
+``notes`` (the event is kept: the transaction object is the documented data
+schema, the logicalid's layout is only read off the examples).  A
+``logicalid`` of another shape is only a split-group id.  ``tx_id`` is the
+commit LSN (one per transaction); ``commit_ts_us`` is
+``transaction.committime`` (text without a zone is read as UTC), else the
+CloudEvent ``time``.  ``change_id`` is the CloudEvent ``id``: the two events
+of a primary-key change (below) share it.
 
 Values arrive as strings and are cast by the column's SQL type from ``cols``
 (see ``spark_type``) through ``canonical_value``; a value that does not fit
@@ -62,6 +70,11 @@ tolerated: a segment whose (source, id) was seen is ``Skipped('duplicate-id')``;
 one with another id but the same index and identical data is
 ``Skipped('duplicate-segment')``; the same index with *different* data, or
 segments disagreeing on operation / type / count, quarantine the whole group.
+Groups resolved (reassembled, or quarantined) are remembered across batches in
+``ctx.state['sqlserver_ces']['applied_splits']`` (the last
+``APPLIED_SPLITS_MAX`` (source, logicalid) pairs): a segment re-sent after its
+message was resolved in an earlier batch is ``Skipped('duplicate-segment')``
+instead of an incomplete group that would keep its file pending for ever.
 
 Duplicate ids: ``decode_message`` is stateless (Spark decodes on several
 executors), so it only records the CloudEvent ``id`` in
@@ -77,6 +90,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import datetime as dt
 import json
 import re
@@ -103,7 +117,7 @@ from ..model import (
     pad_decimal,
     parse_iso_datetime,
 )
-from .base import Decoder, decode_all, quarantine
+from .base import DecodeContext, Decoder, decode_all, quarantine
 
 OPERATIONS = {"INS": Op.INSERT, "UPD": Op.UPDATE, "DEL": Op.DELETE}
 EVENT_TYPE_PREFIX = "com.microsoft.SQL.CES.DML."
@@ -112,6 +126,9 @@ LARGE_VALUE = 1 << 20  # CES truncates column values over 1 MB
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _HEX = re.compile(r"^[0-9a-fA-F]*$")
 _SQL_TYPE = re.compile(r"^([a-z][a-z0-9_ ]*?)\s*(?:\(\s*([^)]*?)\s*\))?$")
+_LOGICALID = re.compile(r"^.+:([0-9A-Fa-f]{20}):([0-9]{20})$")
+STATE_KEY = "sqlserver_ces"
+APPLIED_SPLITS_MAX = 10_000  # resolved split groups remembered across batches (a bounded memory)
 _NOT_SPLIT = re.compile(r'"splittotalcnt"\s*:\s*[01]\s*[,}]')  # inside data the quotes are escaped
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _DATETIME = re.compile(
@@ -199,6 +216,13 @@ def normalise_lsn(value: Any) -> str:
     if len(text) != 20 or not _HEX.match(text):
         raise DecodeError(f"commitlsn {value!r} is not a 20-hex-digit LSN")
     return text.lower()
+
+
+def logicalid_position(logicalid: Any) -> tuple[str, int] | None:
+    """(commit LSN, sequence number) of a ``<guid>:<20 hex>:<20 digits>``
+    logicalid; None for any other shape (then it is only a group id)."""
+    m = _LOGICALID.match(logicalid) if isinstance(logicalid, str) else None
+    return (m.group(1).lower(), int(m.group(2))) if m else None
 
 
 def _int(value: Any, what: str) -> int:
@@ -362,6 +386,28 @@ class SqlServerCesDecoder(Decoder):
 
     format = Format.SQLSERVER_CES
 
+    def __init__(self, ctx: DecodeContext | None = None) -> None:
+        ctx = ctx or DecodeContext()
+        # own copy: absorbing must not mutate the caller's (ledger's) state dict
+        super().__init__(DecodeContext(source=ctx.source, primary_keys=ctx.primary_keys, state=copy.deepcopy(ctx.state)))
+        st = self.ctx.state.setdefault(STATE_KEY, {})
+        if not isinstance(st, dict) or not isinstance(st.setdefault("applied_splits", []), list):
+            raise ValueError(f"decoder state {STATE_KEY!r} is not an object with an applied_splits list")
+        self._applied_splits = {tuple(pair) for pair in st["applied_splits"]}
+
+    def _remember_split(self, source: str, logicalid: str) -> None:
+        """Record a resolved split group; the oldest are forgotten past ``APPLIED_SPLITS_MAX``."""
+        if (source, logicalid) in self._applied_splits:
+            return
+        kept = self.ctx.state[STATE_KEY]["applied_splits"]
+        kept.append([source, logicalid])
+        self._applied_splits.add((source, logicalid))
+        while len(kept) > APPLIED_SPLITS_MAX:
+            self._applied_splits.discard(tuple(kept.pop(0)))
+
+    def export_state(self) -> dict[str, Any]:
+        return copy.deepcopy(self.ctx.state)
+
     @classmethod
     def sniff(cls, text: str) -> bool:
         return '"specversion"' in text and EVENT_TYPE_PREFIX.rstrip(".") in text
@@ -411,7 +457,7 @@ class SqlServerCesDecoder(Decoder):
         table = check_identifier(source.get("tbl"), "eventsource.tbl")
         notes: list[str] = []
         cols = self._columns(source.get("cols"), notes)
-        position, tx_id, commit_ts_us = self._position(source.get("transaction"), env)
+        position, tx_id, commit_ts_us = self._position(source.get("transaction"), env, notes)
         key_columns, pk_values = self._key(source.get("pkkey"), cols, database, schema, table, notes)
 
         old = self._image(_json_object(row.get("old"), "eventrow.old"), cols, "old", notes)
@@ -424,7 +470,7 @@ class SqlServerCesDecoder(Decoder):
                 key_columns=list(key_columns), after=after, before=before, position=position,
                 columns=[Column(n, s, nullable=n not in key_columns) for n, (_, s) in cols.items()],
                 tx_id=tx_id, commit_ts_us=commit_ts_us, file=msg.file, line=msg.line,
-                message_id=message_id, notes=notes + list(extra),
+                message_id=message_id, notes=notes + list(extra), change_id=message_id,
             )
 
         if op is Op.DELETE:
@@ -481,18 +527,26 @@ class SqlServerCesDecoder(Decoder):
         return out
 
     @staticmethod
-    def _position(tx: Any, env: dict[str, Any]) -> tuple[str, str, int | None]:
-        if not isinstance(tx, dict):
+    def _position(tx: Any, env: dict[str, Any], notes: list[str]) -> tuple[str, str, int | None]:
+        """(position, tx id, commit time): from the transaction, else the logicalid."""
+        from_id = logicalid_position(env.get("logicalid"))
+        if isinstance(tx, dict):
+            lsn = normalise_lsn(tx.get("commitlsn"))
+            if tx.get("beginlsn") is not None:
+                normalise_lsn(tx["beginlsn"])  # validated only
+            seq = _int(tx.get("sequencenumber"), "transaction.sequencenumber")
+            if from_id is not None and from_id != (lsn, seq):
+                notes.append(f"logicalid position {from_id[0]}|{from_id[1]} disagrees with eventsource.transaction "
+                             f"{lsn}|{seq}; the transaction is used")
+        elif from_id is not None:
+            lsn, seq = from_id
+        else:
             raise DecodeError(
-                "eventsource.transaction missing: no commit LSN / sequence number to order the change "
-                "(logicalid's layout is undocumented and is not used as a position)"
+                f"eventsource.transaction missing and logicalid {env.get('logicalid')!r} is not "
+                "<guid>:<commit LSN, 20 hex digits>:<sequence, 20 digits>: nothing orders the change"
             )
-        lsn = normalise_lsn(tx.get("commitlsn"))
-        if tx.get("beginlsn") is not None:
-            normalise_lsn(tx["beginlsn"])  # validated only
-        seq = _int(tx.get("sequencenumber"), "transaction.sequencenumber")
         position = f"{lsn}|{pad_decimal(seq, 20)}"
-        stamp = tx.get("committime") or env.get("time")
+        stamp = (tx.get("committime") if isinstance(tx, dict) else None) or env.get("time")
         commit_ts_us = None
         if stamp is not None:
             if not isinstance(stamp, str):
@@ -596,8 +650,17 @@ class SqlServerCesDecoder(Decoder):
                 results[i] = [quarantine(msg, exc)]
                 continue
             groups.setdefault((source, logicalid), []).append((i, msg, env, seg))
-        for (_, logicalid), members in groups.items():
-            results.update(self._reassemble(logicalid, members))
+        for (source, logicalid), members in groups.items():
+            if (source, logicalid) in self._applied_splits:
+                results.update({i: [Skipped("duplicate-segment", msg.file, msg.line,
+                                            detail=f"{logicalid} segment {seg.index}: its message was "
+                                                   "reassembled in an earlier batch")]
+                                for i, msg, _, seg in members})
+                continue
+            resolved = self._reassemble(logicalid, members)
+            if not any(isinstance(o, Held) for outs in resolved.values() for o in outs):
+                self._remember_split(source, logicalid)
+            results.update(resolved)
         return [o for i in sorted(results) for o in results[i]]
 
     def _reassemble(self, logicalid: str, members: list[tuple[int, RawMessage, dict[str, Any], Segment]]

@@ -1,0 +1,91 @@
+"""Files with held messages: applied in part, re-read for the rest.
+
+A message is *held* when it cannot be decoded yet but will be later (a CES
+split group missing a segment, Qlik data waiting for its metadata message).
+Its file stays out of the batch's ledger row, so discovery offers it again;
+every other line of the file was accounted for (applied, skipped,
+quarantined) by the batch that held it.  This module keeps that exact:
+
+* the source state (``cdc_audit.batches.decoder_state``, carried to the next
+  batch) records, per held file, its SHA-256 and the line ranges that were
+  held (``HELD_KEY``);
+* the next batch that reads the file keeps only the outcomes of those lines
+  (``only_held_lines``): a released message is applied once, nothing else of
+  the file is counted or quarantined a second time;
+* no table records a file in its snapshot summary (``cdc.files``) while the
+  file still has held lines (``job._apply_table``), so a table written from
+  the file's other lines still takes the events released from it later.
+
+A held file must not change while it is partly applied (archives are
+immutable): a different SHA-256 is refused like a changed applied file.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .errors import AlreadyAppliedFileChanged
+
+HELD_KEY = "_cdc_held"
+"""Source-state key: path -> {"sha256": ..., "lines": [[first, last], ...]}."""
+
+
+def line_ranges(lines: Iterable[int]) -> list[list[int]]:
+    """Sorted line numbers as inclusive [first, last] runs (a file held whole is one run)."""
+    out: list[list[int]] = []
+    for n in sorted(set(lines)):
+        if out and n == out[-1][1] + 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return out
+
+
+def prior_in_batch(state: dict[str, Any], files: Iterable[Any]) -> dict[str, dict[str, Any]]:
+    """The batch's files that an earlier batch held in part (path -> record);
+    refuses one whose content changed since."""
+    held = state.get(HELD_KEY) or {}
+    out = {}
+    for f in files:
+        rec = held.get(f.path)
+        if rec is None:
+            continue
+        if rec["sha256"] != f.sha256:
+            raise AlreadyAppliedFileChanged(
+                f"file {f.path} changed (sha256 {rec['sha256'][:12]} -> {f.sha256[:12]}) while messages of it were "
+                "held and the rest applied: archives are immutable; restore the original file"
+            )
+        out[f.path] = rec
+    return out
+
+
+def only_held_lines(spark: SparkSession, decoded: DataFrame, prior: dict[str, dict[str, Any]]) -> DataFrame:
+    """Outcome rows of ``decoded`` without the lines of partly applied files
+    that an earlier batch already accounted for (a no-op without such files)."""
+    if not prior:
+        return decoded
+    ranges = spark.createDataFrame(
+        [(path, lo, hi) for path, rec in prior.items() for lo, hi in rec["lines"]], "_h_file string, _h_lo bigint, _h_hi bigint"
+    )
+    kept = decoded.join(
+        F.broadcast(ranges),
+        (decoded["file"] == ranges["_h_file"]) & decoded["line"].between(ranges["_h_lo"], ranges["_h_hi"]),
+        "left_semi",
+    )
+    rest = decoded.where(~F.col("file").isin(list(prior)))
+    return rest.unionByName(kept)
+
+
+def carry(state: dict[str, Any], files: Iterable[Any], held_lines: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
+    """The held-file record for the next batch: this batch's held lines, plus
+    the earlier records of held files this batch did not read."""
+    files = list(files)
+    read = {f.path for f in files}
+    sha = {f.path: f.sha256 for f in files}
+    out = {p: rec for p, rec in (state.get(HELD_KEY) or {}).items() if p not in read}
+    for path, lines in held_lines.items():
+        out[path] = {"sha256": sha[path], "lines": line_ranges(lines)}
+    return out

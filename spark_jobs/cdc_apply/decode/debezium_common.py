@@ -10,6 +10,10 @@ in one of three shapes:
   shapes above, as JSON or as a string holding JSON.  ``V = null`` is a Kafka
   tombstone (log-compaction marker after a delete), never a row change.
 
+A tombstone archived on its own (``tombstones.on.delete=true``, the default,
+follows every delete with one) is the line ``null`` or
+``{"schema":null,"payload":null}``: skipped as ``kafka-tombstone``.
+
 The key record, when present, is the authority on the primary key: its fields
 are the key columns.  Without it the configured key is used, else ``[]`` (the
 apply layer refuses keyless tables; we never guess).
@@ -699,6 +703,8 @@ def parse_record(text: str) -> Record:
     fresh = head is not None and head[0] not in _KNOWN_SCHEMAS and head[0] not in _UNUSABLE_SCHEMAS
     if fresh and type(obj) is dict and obj.keys() == {"schema", "payload"}:
         _remember_schema(head[0], obj["schema"])
+    if obj is None:  # a Kafka tombstone (null value) archived as the line `null`
+        return Record(payload=None, schema=None, tombstone=True)
     if not isinstance(obj, dict):
         raise DecodeError(f"message is not a JSON object but {type(obj).__name__}")
     if "value" in obj and "payload" not in obj and set(obj) <= _WRAPPER_KEYS:
@@ -715,6 +721,8 @@ def parse_record(text: str) -> Record:
         rec.payload, rec.schema = _split_envelope(value)
         return rec
     payload, schema = _split_envelope(obj)
+    if payload is None and schema is None:  # a tombstone through JsonConverter: {"schema":null,"payload":null}
+        return Record(payload=None, schema=None, tombstone=True)
     return Record(payload=payload, schema=schema)
 
 
@@ -765,6 +773,11 @@ class DebeziumDecoder(Decoder):
 
     def special(self, op: str, rec: Record, source: dict[str, Any], msg: RawMessage) -> list[Outcome] | None:
         """Outcomes for ops that are not row changes (None = a row change)."""
+        return None
+
+    def change_id(self, source: dict[str, Any], op: str, key: dict[str, str | None]) -> str | None:
+        """``ChangeEvent.change_id``: the source's id of the row change (equal
+        for the delete + create halves of a primary-key update)."""
         return None
 
     # -- pipeline ------------------------------------------------------------
@@ -843,6 +856,7 @@ class DebeziumDecoder(Decoder):
                 file=msg.file,
                 line=msg.line,
                 notes=list(dict.fromkeys(notes)),
+                change_id=self.change_id(source, op, {k: image.get(k) for k in key_columns}),
             )
         ]
 
@@ -919,6 +933,12 @@ class DebeziumDecoder(Decoder):
                     raise DecodeError(f"configured key column {col} has no value in the row image")
             return list(configured), image
         return [], image
+
+
+def snapshot_change_id(prefix: str, key: dict[str, str | None]) -> str:
+    """A snapshot read's change id: its position is shared by every row of the
+    snapshot, so its key makes it distinct (a snapshot has no key changes)."""
+    return f"{prefix}|snapshot|{json_text(key)}"
 
 
 def sniff_connector(text: str, connector: str) -> bool:

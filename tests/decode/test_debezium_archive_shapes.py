@@ -151,3 +151,90 @@ def test_pk_update_halves_in_different_files_share_change_id() -> None:
     (c,) = dec.decode(RawMessage("partition-1.jsonl", 3, pg("c", 2, lsn=200, tx=6)))
     assert isinstance(d, ChangeEvent) and d.op == Op.DELETE and c.op == Op.INSERT
     assert d.change_id == c.change_id
+
+
+# --------------------------------------------------------------------------
+# 2. Payload-only (schemaless) messages, typed by the stored table or the configuration
+
+STORED = {"items": {"id": "int", "name": "string", "amount": "decimal(12,2)", "born": "date", "seen": "timestamp_ntz", "at": "timestamp",
+                    "opens": "string", "blob": "binary", "ok": "boolean", "ratio": "double"}}
+
+
+def schemaless(cls, after: dict[str, Any], *, op: str = "c", declared: dict | None = None, stored: dict | None = STORED, wrap: bool = False) -> Any:
+    line = json.loads(pg(op, 1, lsn=10) if cls is DebeziumPostgresDecoder else ss(op, 1, commit="0000002a:00000358:0003", change="0000002a:00000358:0003", serial=1))
+    payload = line["payload"]
+    payload["after"] = {"id": 1, **after}
+    text = json.dumps(payload if wrap else line)
+    ctx = DecodeContext(primary_keys={"items": ["id"]}, stored_types=stored or {}, declared_types=declared or {})
+    (out,) = decode(cls, text, ctx=ctx)
+    return out
+
+
+def unscaled_b64(text: str) -> int:
+    import base64
+
+    return int.from_bytes(base64.b64decode(text), "big", signed=True)
+
+
+@pytest.mark.parametrize("cls", DECODERS, ids=lambda c: c.format.value)
+@pytest.mark.parametrize("wrap", [False, True], ids=["schema-null", "payload-only"])
+def test_schemaless_values_decode_by_the_stored_types(cls, wrap) -> None:
+    ev = schemaless(cls, {"amount": "+oD1JQ==", "born": 19000, "seen": "2026-01-02T03:04:05.123456", "at": "2026-01-02T03:04:05Z",
+                          "blob": "AAE=", "ok": True, "ratio": 0.5, "name": "x", "opens": "09:00"}, wrap=wrap)
+    assert isinstance(ev, ChangeEvent), ev
+    assert ev.after == {
+        "id": "1", "amount": f"{unscaled_b64('+oD1JQ==') / 100:.2f}", "born": "2022-01-08", "seen": "2026-01-02 03:04:05.123456",
+        "at": "2026-01-02 03:04:05.000000", "blob": "AAE=", "ok": "true", "ratio": "0.5", "name": "x", "opens": "09:00",
+    }
+    assert {c.name: c.type for c in ev.columns} == STORED["items"]
+    assert any("stored or declared" in n for n in ev.notes)
+
+
+@pytest.mark.parametrize("raw, expected", [("+oD1JQ==", None), ("-12.50", "-12.50"), (12, "12.00"), ("7.5", "7.50")])
+def test_schemaless_decimal_forms(raw, expected) -> None:
+    ev = schemaless(DebeziumPostgresDecoder, {"amount": raw})
+    from decimal import Decimal
+
+    assert ev.after["amount"] == (expected or f"{Decimal(unscaled_b64(raw)).scaleb(-2):.2f}")
+
+
+def test_schemaless_epoch_timestamp_needs_its_unit() -> None:
+    out = schemaless(DebeziumPostgresDecoder, {"seen": 1767225600123456})
+    assert type(out).__name__ == "Quarantined" and "io.debezium.time.MicroTimestamp" in out.reason and "seen" in out.reason
+    for unit, n in (("io.debezium.time.Timestamp", 1767225600123), ("MicroTimestamp", 1767225600123456), ("NanoTimestamp", 1767225600123456000)):
+        ev = schemaless(DebeziumPostgresDecoder, {"seen": n}, declared={"items": {"seen": unit}})
+        assert ev.after["seen"] == ("2026-01-01 00:00:00.123000" if unit.endswith(".Timestamp") else "2026-01-01 00:00:00.123456"), unit
+
+
+def test_schemaless_time_of_day_in_a_text_column() -> None:
+    out = schemaless(DebeziumPostgresDecoder, {"opens": 32400000000})
+    assert type(out).__name__ == "Quarantined" and "MicroTime" in out.reason
+    ev = schemaless(DebeziumPostgresDecoder, {"opens": 32400000000}, declared={"public.items": {"opens": "MicroTime"}})
+    assert ev.after["opens"] == "09:00:00.000000"
+
+
+def test_schemaless_value_not_fitting_its_stored_type_is_quarantined() -> None:
+    out = schemaless(DebeziumSqlServerDecoder, {"amount": "12.345"})
+    assert type(out).__name__ == "Quarantined" and "amount" in out.reason
+    out = schemaless(DebeziumSqlServerDecoder, {"id": "x"})
+    assert type(out).__name__ == "Quarantined"
+
+
+def test_schemaless_unknown_column_is_quarantined() -> None:
+    out = schemaless(DebeziumPostgresDecoder, {"nickname": "z"})
+    assert type(out).__name__ == "Quarantined" and "nickname" in out.reason and "columns:" in out.reason
+
+
+def test_schemaless_types_from_the_declaration_alone() -> None:
+    ev = schemaless(DebeziumPostgresDecoder, {"amount": "+oD1JQ=="}, stored=None, declared={"items": {"id": "int", "amount": "decimal(12,2)"}})
+    assert {c.name: c.type for c in ev.columns} == {"id": "int", "amount": "decimal(12,2)"}
+
+
+def test_schemaless_without_known_types_stays_untyped() -> None:
+    ev = schemaless(DebeziumPostgresDecoder, {"amount": "+oD1JQ=="}, stored=None)
+    assert ev.columns is None and ev.after["amount"] == "+oD1JQ==" and "columns unknown" in " ".join(ev.notes)
+
+
+def test_schemaless_placeholder_still_means_not_present() -> None:
+    ev = schemaless(DebeziumPostgresDecoder, {"name": "__debezium_unavailable_value", "blob": "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="}, op="u")
+    assert "name" not in ev.after and "blob" not in ev.after

@@ -238,3 +238,23 @@ def test_schemaless_without_known_types_stays_untyped() -> None:
 def test_schemaless_placeholder_still_means_not_present() -> None:
     ev = schemaless(DebeziumPostgresDecoder, {"name": "__debezium_unavailable_value", "blob": "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="}, op="u")
     assert "name" not in ev.after and "blob" not in ev.after
+
+
+def test_declared_columns_in_the_sources_file(tmp_path) -> None:
+    import dataclasses
+
+    from cdc_apply.config import Settings, load_sources
+    from cdc_apply.errors import ConfigError
+
+    f = tmp_path / "sources.yaml"
+    settings = dataclasses.replace(Settings.from_env(), sources_file=f)
+    f.write_text(
+        "sources:\n  s:\n    format: debezium_sqlserver\n    tables:\n      dbo.items:\n        primary_key: [id]\n"
+        "        columns: {id: int, amount: 'decimal(12, 2)', seen: io.debezium.time.NanoTimestamp, opens: MicroTime}\n"
+    )
+    assert load_sources(settings)["s"].columns == {
+        "dbo.items": {"id": "int", "amount": "decimal(12,2)", "seen": "io.debezium.time.NanoTimestamp", "opens": "MicroTime"}
+    }
+    f.write_text("sources:\n  s:\n    format: debezium_sqlserver\n    tables:\n      dbo.items:\n        primary_key: [id]\n        columns: {id: integer}\n")
+    with pytest.raises(ConfigError, match=r"column 'id' of table 'dbo.items' of source 's' has unknown type 'integer'; use a Spark type"):
+        load_sources(settings)

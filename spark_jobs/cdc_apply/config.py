@@ -205,6 +205,10 @@ class SourceConfig:
     def decode_options(self) -> dict[str, str]:
         """The options decoders read (``DecodeContext.options``)."""
         return {"ordering": self.ordering, **({"envelope": self.envelope} if self.envelope else {})}
+    columns: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Declared column types by table (``columns:`` next to ``primary_key``):
+    Spark type names or Debezium semantic names; they type messages archived
+    without a schema (JsonConverter ``schemas.enable=false``)."""
 
     def archive_path(self, settings: Settings) -> str:
         return f"{settings.archive_dir.rstrip('/')}/{self.name}"
@@ -226,12 +230,14 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             fmt = Format(spec["format"]).value
         except ValueError:
             raise ConfigError(f"{path}: source {name!r} has unknown format {spec['format']!r}; use one of {[f.value for f in Format]}") from None
-        keys = {}
+        keys, columns = {}, {}
         for table, tspec in (spec.get("tables") or {}).items():
             pk = (tspec or {}).get("primary_key")
             if not pk or not isinstance(pk, list):
                 raise ConfigError(f"{path}: table {table!r} of source {name!r} needs primary_key: [col, ...]")
             keys[str(table)] = [str(c) for c in pk]
+            if (tspec or {}).get("columns") is not None:
+                columns[str(table)] = _declared_columns(path, name, str(table), tspec["columns"])
         merge_mode = spec.get("merge_mode")
         if merge_mode is not None and merge_mode not in MERGE_MODES:
             raise ConfigError(f"{path}: merge_mode of source {name!r} is {merge_mode!r}; use one of {list(MERGE_MODES)} (or leave it out)")
@@ -258,8 +264,31 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             merge_mode=merge_mode,
             ordering=ordering,
             envelope=envelope,
+            columns=columns,
         )
     return sources
+
+
+def _declared_columns(path: Path, source: str, table: str, spec: Any) -> dict[str, str]:
+    """``columns: {col: type, ...}`` of a table, each type a Spark type name
+    (``int``, ``decimal(12,2)``, ``timestamp_ntz``, ...) or a Debezium semantic
+    name (``io.debezium.time.MicroTimestamp`` or ``MicroTimestamp``, ...)."""
+    from .decode.debezium_common import SEMANTIC_TYPES
+    from .model import is_supported_type
+
+    if not isinstance(spec, dict) or not spec:
+        raise ConfigError(f"{path}: columns of table {table!r} of source {source!r} must be a mapping {{column: type, ...}}")
+    out = {}
+    for col, typ in spec.items():
+        typ = str(typ).replace(" ", "").lower() if not str(typ).startswith(("io.", "org.")) and str(typ) not in SEMANTIC_TYPES else str(typ)
+        if not (is_supported_type(typ) or typ in SEMANTIC_TYPES):
+            raise ConfigError(
+                f"{path}: column {col!r} of table {table!r} of source {source!r} has unknown type {typ!r}; use a Spark type "
+                "(boolean, tinyint, smallint, int, bigint, float, double, decimal(p,s), string, binary, date, timestamp, timestamp_ntz) "
+                "or a Debezium semantic type (e.g. io.debezium.time.MicroTimestamp, io.debezium.time.Date, io.debezium.time.MicroTime)"
+            )
+        out[str(col)] = typ
+    return out
 
 
 def get_source(settings: Settings, name: str) -> SourceConfig:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import functools
 import gc
 import heapq
@@ -258,7 +259,7 @@ def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str
         picked = tasks.mapInArrow(pick_driver_messages, "file string, line bigint, text string").orderBy("file", "line").collect()
         driver_outcomes = decoder.absorb([RawMessage(r.file, r.line, r.text) for r in picked])
     state = decoder.export_state()
-    ctx_after = DecodeContext(source=ctx.source, primary_keys=ctx.primary_keys, state=state, options=ctx.options)
+    ctx_after = dataclasses.replace(ctx, state=state)
     blob = base64.b64encode(pickle.dumps((fmt, ctx_after, _has_driver_pass(decoder), groups, s3))).decode()
 
     def decode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -26,6 +26,7 @@ from . import compact, gate, held, ledger, merge, tables
 from .archive import ArchiveFile, list_files
 from .config import Settings, SourceConfig, get_source
 from .decode import DecodeContext
+from .decode.debezium_common import UNTYPED_NOTE
 from .decode_stage import decode_batch
 from .errors import AlreadyAppliedFileChanged, CdcError, ConfigError, TerminalError
 from .model import CONFIG_REFUSED_PREFIX
@@ -119,7 +120,9 @@ def run_batch(
 
     spark = spark or get_spark(settings)
     state = ledger.latest_decoder_state(settings, source.name)
-    ctx = DecodeContext(source=source.name, primary_keys=source.primary_keys, state=state, options=source.decode_options())
+    ctx = DecodeContext(source=source.name, primary_keys=source.primary_keys, state=state, options=source.decode_options(), declared_types=source.columns)
+    if source.format in ("debezium_postgres", "debezium_sqlserver"):  # they type schemaless messages by the stored tables
+        ctx.stored_types = tables.stored_column_types(spark, settings.catalog_name, source.namespace)
     decoded, new_state = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
     new_state = {**state, **new_state}
     apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter)
@@ -226,6 +229,7 @@ def apply_decoded(
                 F.max(F.when(F.col("op") == "t", F.col("position"))).alias("max_truncate"),
                 F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
                 F.count(F.when((F.col("op") == "d") & F.col("change_id").isNotNull(), 1)).alias("keyed_deletes"),
+                F.count(F.when(F.array_contains("notes", UNTYPED_NOTE), 1)).alias("untyped"),
             )
             .collect()
         )
@@ -313,6 +317,28 @@ def _table_spec(spark: SparkSession, settings: Settings, source: SourceConfig, m
     return tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=key, columns=columns)
 
 
+def _refuse_untyped(spark: SparkSession, settings: Settings, source: SourceConfig, meta: Any, events: DataFrame) -> None:
+    """A table not in the lake yet whose messages carry no schema and have no
+    declared column types cannot be created: refuse it, saying what to add."""
+    name = meta["table_name"]
+    if tables.table_exists(spark, f"{settings.catalog_name}.{source.namespace}.{tables.target_name(name)}"):
+        return
+    ev = events.where((F.col("table_name") == name) & F.col("schema_name").eqNullSafe(F.lit(meta["schema_name"])))
+    cols = [r[0] for r in ev.select(F.explode(F.map_keys(F.map_concat("after", F.coalesce("before", F.create_map().cast("map<string,string>")))))).distinct().orderBy(1).collect()]
+    qualified = f"{meta['schema_name']}.{name}" if meta["schema_name"] else name
+    key = next((k for k in meta["keys"] if k), None) or next((source.primary_keys[n] for n in (f"{meta['database']}.{qualified}", qualified, name) if n in source.primary_keys), None)
+    missing = "columns" if key else "primary_key and columns"
+    declared = ", ".join(f"{c}: <type>" for c in cols) or "<column>: <type>, ..."
+    raise ConfigError(
+        f"table {qualified} of source {source.name}: {meta['untyped']} message(s) carry no schema (JsonConverter schemas.enable=false) "
+        f"and the table is not in the lake yet, so its column types are unknown; missing in {settings.sources_file}: {missing}. Add to source {source.name}:\n"
+        f"    tables:\n      {qualified}:\n        primary_key: [{', '.join(key) if key else '<key column>, ...'}]\n"
+        f"        columns: {{{declared}}}\n"
+        "with Spark types (int, decimal(12,2), date, timestamp_ntz, ...) or Debezium semantic types (io.debezium.time.MicroTimestamp, ...); "
+        "or archive with a converter that writes the schema (value.converter.schemas.enable=true)."
+    )
+
+
 def _apply_table(
     spark: SparkSession,
     settings: Settings,
@@ -331,6 +357,8 @@ def _apply_table(
     table_key = f"{meta['database']}.{meta['schema_name']}.{name}"
     truncates = source_state.setdefault("_cdc_truncates", {})
     try:
+        if meta["untyped"]:
+            _refuse_untyped(spark, settings, source, meta, events)
         spec = _table_spec(spark, settings, source, meta)
         if spec is None:
             # A truncate of a table we have never seen: nothing to remove, but

@@ -179,3 +179,18 @@ def evolve(spark: SparkSession, spec: TableSpec) -> list[str]:
     if changes:
         refresh_live_view(spark, spec)
     return changes
+
+
+def stored_column_types(spark: SparkSession, catalog: str, namespace: str) -> dict[str, dict[str, str]]:
+    """The source columns and Spark types of every table of a namespace, by
+    table name: read once per batch on the driver, they type the messages
+    archived without a schema."""
+    if not spark.sql(f"SHOW NAMESPACES IN {catalog} LIKE '{namespace}'").collect():
+        return {}
+    out = {}
+    for row in spark.sql(f"SHOW TABLES IN {catalog}.{namespace}").collect():
+        name = row["tableName"]
+        if row["isTemporary"] or name.endswith("_live"):
+            continue
+        out[name] = existing_schema(spark, f"{catalog}.{namespace}.{name}")[0]
+    return out

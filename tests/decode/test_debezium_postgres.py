@@ -195,7 +195,7 @@ def test_golden_covers_every_spec_example() -> None:
 def test_golden_create_is_fully_typed() -> None:
     [ev] = check_golden(DebeziumPostgresDecoder, CASES / "debezium_postgres" / "03_create.repaired.json")
     assert [c.type for c in ev.columns] == ["int", "string", "string", "string"]
-    assert ev.position == "00000000000024023128" and ev.tx_id == "555"
+    assert ev.position == "00000000000024023128|0|00000000000024023119" and ev.tx_id == "555"  # snapshot: true
 
 
 # --------------------------------------------------------------------------
@@ -429,13 +429,13 @@ def test_position_is_padded_lsn_and_orders_like_the_lsn() -> None:
     rng = random.Random(7)
     lsns = [rng.randrange(0, 2**64) for _ in range(300)] + [0, 9, 10, 99, 100, 2**64 - 1]
     events = [one_event(message({"id": 1}, [ID], source={"lsn": n, "sequence": None})) for n in lsns]
-    assert all(len(e.position) == 20 for e in events)
-    assert sorted(events, key=lambda e: e.position) == sorted(events, key=lambda e: int(e.position))
-    assert [int(e.position) for e in events] == lsns
+    assert all(len(e.position) == 43 for e in events)
+    assert sorted(events, key=lambda e: e.position) == sorted(events, key=lambda e: int(e.position[:20]))
+    assert [int(e.position[:20]) for e in events] == lsns
 
 
 def test_lsn_as_digit_string_is_accepted() -> None:
-    assert one_event(message({"id": 1}, [ID], source={"lsn": "123", "sequence": None})).position == "00000000000000000123"
+    assert one_event(message({"id": 1}, [ID], source={"lsn": "123", "sequence": None})).position == "00000000000000000123|1|00000000000000000000"
 
 
 def test_sequence_is_parsed_as_integers() -> None:
@@ -450,7 +450,7 @@ def test_sequence_is_parsed_as_integers() -> None:
 
 def test_sequence_disagreeing_with_lsn_is_noted() -> None:
     ev = one_event(message({"id": 1}, [ID], source={"lsn": 100, "sequence": '["50","99"]'}))
-    assert ev.position == "00000000000000000100" and any("differs" in n for n in ev.notes)
+    assert ev.position == "00000000000000000100|1|00000000000000000050" and any("differs" in n for n in ev.notes)
 
 
 def test_tx_and_commit_time() -> None:
@@ -466,7 +466,7 @@ def test_truncate() -> None:
     text = message(None, None, op="t")
     [ev] = decode(text)
     assert ev.op is Op.TRUNCATE and ev.key_columns == [] and ev.after == {} and ev.table == "items"
-    assert ev.position == "00000000000024023128" and ev.tx_id == "42"
+    assert ev.position == "00000000000024023128|1|00000000000024023000" and ev.tx_id == "42"
 
 
 # --------------------------------------------------------------------------

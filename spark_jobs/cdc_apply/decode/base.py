@@ -38,12 +38,29 @@ class DecodeContext:
     options: dict[str, str] = field(default_factory=dict)
     """Per-source decoder options from the sources file (CockroachDB:
     ``ordering`` log|arrival, ``envelope`` row)."""
+    declared_types: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Column types the source's configuration declares (``columns:`` next to
+    ``primary_key``), by table name as ``primary_keys``: Spark type names or
+    Debezium semantic type names.  Types messages without a schema."""
+    stored_types: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Spark types of the tables already in the lake, by target table name
+    (lower case), read once per batch on the driver.  Types messages without
+    a schema."""
 
     def configured_key(self, database: str | None, schema: str | None, table: str) -> list[str] | None:
         for name in (f"{database}.{schema}.{table}", f"{schema}.{table}", table):
             if name in self.primary_keys:
                 return list(self.primary_keys[name])
         return None
+
+    def known_types(self, database: str | None, schema: str | None, table: str) -> dict[str, str] | None:
+        """Column types for a message without a schema: the stored table's,
+        overridden per column by the configured declaration; None if neither."""
+        stored = self.stored_types.get(table.lower())
+        declared = next((self.declared_types[n] for n in (f"{database}.{schema}.{table}", f"{schema}.{table}", table) if n in self.declared_types), None)
+        if stored is None and declared is None:
+            return None
+        return {**(stored or {}), **(declared or {})}
 
 
 class Decoder:

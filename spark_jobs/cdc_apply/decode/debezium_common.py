@@ -10,6 +10,10 @@ in one of three shapes:
   shapes above, as JSON or as a string holding JSON.  ``V = null`` is a Kafka
   tombstone (log-compaction marker after a delete), never a row change.
 
+A tombstone archived on its own (``tombstones.on.delete=true``, the default,
+follows every delete with one) is the line ``null`` or
+``{"schema":null,"payload":null}``: skipped as ``kafka-tombstone``.
+
 The key record, when present, is the authority on the primary key: its fields
 are the key columns.  Without it the configured key is used, else ``[]`` (the
 apply layer refuses keyless tables; we never guess).
@@ -48,6 +52,7 @@ import decimal
 import functools
 import json
 import re
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
@@ -316,6 +321,94 @@ def _row_shape_cached(sub_json: bytes) -> RowShape:
     return RowShape.of(struct_fields(orjson.loads(sub_json), "row"))
 
 
+# --------------------------------------------------------------------------
+# Messages without a schema: types from the stored table or the configuration
+
+UNTYPED_NOTE = "no schema: values typed from JSON, columns unknown"
+"""The note on an event decoded without any known column types: the job
+refuses to create a table from such events (tables' own check)."""
+DECLARED_NOTE = "no schema: values typed by the table's stored or declared column types"
+_SEMANTIC_TYPES = {  # Debezium / Connect semantic name -> (Spark type, kind, units)
+    **{n: ("timestamp_ntz", "timestamp", u) for n, u in _TIMESTAMP_UNITS.items()},
+    **{n: ("string", "time", u) for n, u in _TIME_UNITS.items()},
+    **{n: ("date", "date", 1) for n in _DATE_NAMES},
+    "io.debezium.time.ZonedTimestamp": ("timestamp", "zoned", 1),
+    "io.debezium.data.VariableScaleDecimal": ("string", "vsdecimal", 1),
+}
+SEMANTIC_TYPES = {**_SEMANTIC_TYPES, **{n.rsplit(".", 1)[1]: t for n, t in _SEMANTIC_TYPES.items() if n.startswith("io.debezium")}}
+"""Semantic type names a ``columns:`` declaration may use (full or short,
+e.g. ``io.debezium.time.MicroTimestamp`` or ``MicroTimestamp``): they say how
+the value is written, which the Spark type alone does not (an epoch number's
+unit, a time of day)."""
+
+
+def declared_spec(col: str, type_name: str) -> FieldSpec:
+    """The FieldSpec of a column known by a Spark type or a semantic name.
+
+    A ``timestamp_ntz`` / ``timestamp`` known only by its Spark type reads ISO
+    text; its epoch numbers are refused (``units=0``: ms, µs or ns is the
+    semantic type's to say)."""
+    if type_name in SEMANTIC_TYPES:
+        spark_type, kind, units = SEMANTIC_TYPES[type_name]
+        return FieldSpec(col, spark_type, True, kind, "", units=units)
+    from ..model import is_supported_type
+
+    if not is_supported_type(type_name):
+        raise DecodeError(f"column {col}: unsupported declared type {type_name!r}")
+    m = re.match(r"^decimal\((\d+),(\d+)\)$", type_name)
+    if m:
+        return FieldSpec(col, type_name, True, "decimal", "bytes", scale=int(m.group(2)), precision=int(m.group(1)))
+    if type_name == "date":
+        return FieldSpec(col, "date", True, "date", "")
+    if type_name in ("timestamp", "timestamp_ntz"):
+        return FieldSpec(col, type_name, True, "timestamp", "", units=0)
+    literal = {"binary": "bytes", "string": "string"}.get(type_name, "")
+    return FieldSpec(col, type_name, True, "plain", literal)
+
+
+def convert_declared(spec: FieldSpec, raw: Any, notes: list[str]) -> Any:
+    """``convert_value`` for a value of a message without a schema, by its
+    column's known type: the JSON forms Debezium's converters write for it
+    (base64, ``decimal.handling.mode`` string or double for decimals; epoch
+    days or ISO text for dates; epoch numbers in the semantic type's unit or
+    ISO text for timestamps; ``{scale, value}`` for variable-scale decimals).
+    Anything that is not one of them is a ``DecodeError`` (quarantine)."""
+    col, kind = spec.name, spec.kind
+    if raw is None or _is_placeholder(spec, raw):
+        return convert_value(spec, raw, notes)
+    if kind == "decimal" and isinstance(raw, str) and not _is_base64(raw):
+        return canonical(spec.spark_type, raw.strip())  # decimal.handling.mode=string
+    if kind == "date" and isinstance(raw, str):
+        return canonical("date", raw)
+    if kind == "timestamp":
+        if isinstance(raw, str):
+            return canonical(spec.spark_type, raw)
+        if not spec.units:
+            raise DecodeError(
+                f"column {col}: epoch number {raw!r} for a {spec.spark_type} column of a message without a schema: "
+                f"its unit is unknown; declare it, e.g. columns: {{{col}: io.debezium.time.MicroTimestamp}}"
+            )
+        return convert_value(spec, raw, notes)
+    if kind == "plain" and spec.spark_type == "string" and not isinstance(raw, str):
+        if isinstance(raw, dict) and set(raw) == {"scale", "value"}:
+            return convert_value(dataclasses.replace(spec, kind="vsdecimal"), raw, notes)
+        if isinstance(raw, (dict, list)):
+            return canonical("string", raw)
+        raise DecodeError(
+            f"column {col} is text in the table but the message holds {raw!r} (a time of day? declare it, "
+            f"e.g. columns: {{{col}: io.debezium.time.MicroTime}})"
+        )
+    return convert_value(spec, raw, notes)
+
+
+def _is_base64(text: str) -> bool:
+    try:
+        base64.b64decode(text, validate=True)
+    except (ValueError, TypeError):
+        return False
+    return bool(text)
+
+
 def envelope_field(schema: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
     """The sub-schema of envelope field ``name`` (e.g. 'after'), if any."""
     if not isinstance(schema, dict):
@@ -552,6 +645,7 @@ def convert_row(
     notes: list[str],
     what: str,
     fast: dict[str, Callable[[Any], Any]] | None = None,
+    convert: Callable[[Any, Any, list[str]], Any] = convert_value,
 ) -> dict[str, str | None] | None:
     """Canonical row dict; placeholder columns are left out (not present).
     ``fast`` (``RowShape.fast``) takes the common values off the slow path."""
@@ -576,7 +670,7 @@ def convert_row(
         else:
             check_identifier(col, "column")
         try:
-            value = convert_value(spec, raw, notes)
+            value = convert(spec, raw, notes)
         except DecodeError as exc:
             msg = str(exc)
             raise DecodeError(msg if msg.startswith("column ") else f"column {col}: {msg}") from exc
@@ -699,6 +793,8 @@ def parse_record(text: str) -> Record:
     fresh = head is not None and head[0] not in _KNOWN_SCHEMAS and head[0] not in _UNUSABLE_SCHEMAS
     if fresh and type(obj) is dict and obj.keys() == {"schema", "payload"}:
         _remember_schema(head[0], obj["schema"])
+    if obj is None:  # a Kafka tombstone (null value) archived as the line `null`
+        return Record(payload=None, schema=None, tombstone=True)
     if not isinstance(obj, dict):
         raise DecodeError(f"message is not a JSON object but {type(obj).__name__}")
     if "value" in obj and "payload" not in obj and set(obj) <= _WRAPPER_KEYS:
@@ -715,6 +811,8 @@ def parse_record(text: str) -> Record:
         rec.payload, rec.schema = _split_envelope(value)
         return rec
     payload, schema = _split_envelope(obj)
+    if payload is None and schema is None:  # a tombstone through JsonConverter: {"schema":null,"payload":null}
+        return Record(payload=None, schema=None, tombstone=True)
     return Record(payload=payload, schema=schema)
 
 
@@ -767,6 +865,11 @@ class DebeziumDecoder(Decoder):
         """Outcomes for ops that are not row changes (None = a row change)."""
         return None
 
+    def change_id(self, source: dict[str, Any], op: str, key: dict[str, str | None]) -> str | None:
+        """``ChangeEvent.change_id``: the source's id of the row change (equal
+        for the delete + create halves of a primary-key update)."""
+        return None
+
     # -- pipeline ------------------------------------------------------------
     def decode_message(self, msg: RawMessage) -> list[Outcome]:
         rec = parse_record(msg.text)
@@ -802,15 +905,22 @@ class DebeziumDecoder(Decoder):
         database, schema, table = self.table_name(source)
         position = self.position(source, payload, notes)
         shape = self.row_shape(rec.schema)
+        convert: Callable[[Any, Any, list[str]], Any] = convert_value
+        if shape is None:
+            shape = self.declared_shape(database, schema, table)
+            if shape is not None:
+                convert = convert_declared
+                notes.append(DECLARED_NOTE)
+                self.check_declared(shape, payload, table)
         specs = shape.specs if shape is not None else None
         if shape is None:
-            notes.append("no schema: values typed from JSON, columns unknown")
+            notes.append(UNTYPED_NOTE)
         else:
             notes.extend(shape.notes)
 
-        fast = shape.fast if shape is not None else None
-        after = convert_row(payload.get("after"), specs, notes, "after", fast)
-        before = convert_row(payload.get("before"), specs, notes, "before", fast)
+        fast = shape.fast if shape is not None and convert is convert_value else None
+        after = convert_row(payload.get("after"), specs, notes, "after", fast, convert)
+        before = convert_row(payload.get("before"), specs, notes, "before", fast, convert)
         if op == "d":
             if before is None and not rec.has_key:
                 raise DecodeError("delete without a before image or a key")
@@ -843,6 +953,7 @@ class DebeziumDecoder(Decoder):
                 file=msg.file,
                 line=msg.line,
                 notes=list(dict.fromkeys(notes)),
+                change_id=self.change_id(source, op, {k: image.get(k) for k in key_columns}),
             )
         ]
 
@@ -854,6 +965,28 @@ class DebeziumDecoder(Decoder):
         schema = check_identifier(source["schema"], "schema") if source.get("schema") is not None else None
         database = check_identifier(source["db"], "database") if source.get("db") is not None else None
         return database, schema, table
+
+    def declared_shape(self, database: str | None, schema: str | None, table: str) -> RowShape | None:
+        """The row shape of a message without a schema, from the table's known
+        column types (``DecodeContext.known_types``); None when none is known.
+        Built once per table and decoder."""
+        cache = self.__dict__.setdefault("_declared_shapes", {})
+        name = (database, schema, table)
+        if name not in cache:
+            types = self.ctx.known_types(database, schema, table)
+            cache[name] = None if types is None else RowShape.of([declared_spec(c, t) for c, t in types.items()])
+        return cache[name]
+
+    @staticmethod
+    def check_declared(shape: RowShape, payload: dict[str, Any], table: str) -> None:
+        for what in ("after", "before"):
+            row = payload.get(what)
+            unknown = sorted(set(row) - set(shape.specs)) if isinstance(row, dict) else []
+            if unknown:
+                raise DecodeError(
+                    f"message without a schema: column(s) {unknown} of {table} are neither in the table "
+                    "nor declared (sources.yaml columns:), so their type is unknown"
+                )
 
     @staticmethod
     def row_shape(schema: dict[str, Any] | None) -> RowShape | None:
@@ -919,6 +1052,12 @@ class DebeziumDecoder(Decoder):
                     raise DecodeError(f"configured key column {col} has no value in the row image")
             return list(configured), image
         return [], image
+
+
+def snapshot_change_id(prefix: str, key: dict[str, str | None]) -> str:
+    """A snapshot read's change id: its position is shared by every row of the
+    snapshot, so its key makes it distinct (a snapshot has no key changes)."""
+    return f"{prefix}|snapshot|{json_text(key)}"
 
 
 def sniff_connector(text: str, connector: str) -> bool:

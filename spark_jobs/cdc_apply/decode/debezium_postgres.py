@@ -1,21 +1,34 @@
 """Debezium PostgreSQL connector messages -> canonical change events.
 
-Position layout: ``pad_decimal(source.lsn, 20)`` — the change's own WAL LSN
-as a 20-digit zero-padded decimal (a uint64 has at most 20 digits), so string
-order == numeric LSN order.
+Position layout (43 characters)::
 
-Why the change LSN alone (no tie-break components): events are emitted in
-commit order, so LSNs are not monotonic across rows, but for one row the row
-lock makes change LSNs increase with commit order — exactly the per-key order
-the apply needs.  A TRUNCATE holds an ACCESS EXCLUSIVE lock, so every change
-to the table committed before it has a lower LSN and every change after it a
-higher one.  The only equal positions are a primary-key update (delete of the
-old key + create of the new key, same LSN: different keys, so no tie within a
-key) and snapshot reads (one LSN for the whole snapshot, one event per key).
-``source.sequence`` (``["<last committed LSN>", "<current LSN>"]``, unpadded
-decimal strings or nulls) is parsed as integers and validated; it adds nothing
-to per-key order, so it is not part of the position (a disagreement between
-its current LSN and ``source.lsn`` is noted on the event).
+    <source.lsn, 20 digits>|<0 snapshot, 1 streamed>|<last committed LSN, 20 digits>
+    00000000000024023128|1|00000000000024023119
+
+The change's own WAL LSN decides (zero-padded: string order == numeric
+order).  Events are emitted in commit order, so LSNs are not monotonic across
+rows, but for one row the row lock makes change LSNs increase with commit
+order — exactly the per-key order the apply needs.  A TRUNCATE holds an
+ACCESS EXCLUSIVE lock, so every change to the table committed before it has a
+lower LSN and every change after it a higher one.
+
+Equal LSNs happen: a primary-key update (delete of the old key + create of the
+new key: different keys), the rows of a snapshot (one LSN for the whole
+snapshot), COPY / multi-row statements, and a streamed change at the very LSN
+a snapshot was taken at.  For one key the tie-breakers are the format's own:
+a snapshot event (``source.snapshot`` true/first/last/...) comes before a
+streamed one at its LSN (the stream starts where the snapshot was taken), then
+``source.sequence``'s first element, the LSN of the last transaction committed
+before the event (``["<last committed LSN>", "<current LSN>"]``, unpadded
+decimal strings or nulls, null/absent -> 0), which grows in the order the
+connector emits.  A disagreement between the sequence's current LSN and
+``source.lsn`` is noted on the event.  Positions written before this layout
+(the 20-digit LSN alone) are prefixes of it, so they still compare right.
+
+``change_id`` is ``<lsn>|<txId>``: the delete and create halves of a
+primary-key update share both; a snapshot read adds its key (rows of one
+snapshot share LSN and transaction).  Rows of one COPY may share it too, but
+they are all inserts, never a delete + create pair.
 
 Ops: c/u/d/r are row changes; ``t`` is a table truncate
 (``ChangeEvent(op=TRUNCATE, key_columns=[], after={})``); ``m`` (logical
@@ -31,7 +44,11 @@ from typing import Any
 import orjson
 
 from ..model import ChangeEvent, DecodeError, Format, Op, Outcome, RawMessage, Skipped, pad_decimal
-from .debezium_common import DebeziumDecoder, Record, as_int, commit_ts_us, sniff_connector
+from .debezium_common import DebeziumDecoder, Record, as_int, commit_ts_us, snapshot_change_id, sniff_connector
+
+SNAPSHOT_PHASES = frozenset({"true", "first", "first_in_data_collection", "last_in_data_collection", "last"})
+"""``source.snapshot`` values of a blocking (initial) snapshot; 'incremental'
+reads are emitted from the stream, in its order."""
 
 
 def parse_sequence(value: Any) -> tuple[int | None, int | None] | None:
@@ -79,11 +96,18 @@ class DebeziumPostgresDecoder(DebeziumDecoder):
         return sniff_connector(text, "postgresql") or "io.debezium.connector.postgresql" in text
 
     def position(self, source: dict[str, Any], payload: dict[str, Any], notes: list[str]) -> str:
-        position = lsn_position(source)
+        lsn = lsn_position(source)
         seq = parse_sequence(source.get("sequence"))
-        if seq is not None and seq[1] is not None and seq[1] != int(position):
-            notes.append(f"source.sequence current LSN {seq[1]} differs from source.lsn {int(position)}")
-        return position
+        if seq is not None and seq[1] is not None and seq[1] != int(lsn):
+            notes.append(f"source.sequence current LSN {seq[1]} differs from source.lsn {int(lsn)}")
+        snapshot = str(source.get("snapshot")).lower() in SNAPSHOT_PHASES
+        last_commit = seq[0] if seq is not None and seq[0] is not None else 0
+        return f"{lsn}|{0 if snapshot else 1}|{pad_decimal(last_commit, 20)}"
+
+    def change_id(self, source: dict[str, Any], op: str, key: dict[str, str | None]) -> str | None:
+        lsn = int(lsn_position(source))
+        tx = as_int(source["txId"], "source.txId") if source.get("txId") is not None else ""
+        return snapshot_change_id(f"{lsn}|{tx}", key) if op == "r" else f"{lsn}|{tx}"
 
     def tx_id(self, source: dict[str, Any], payload: dict[str, Any]) -> str | None:
         if source.get("txId") is not None:
@@ -115,6 +139,7 @@ class DebeziumPostgresDecoder(DebeziumDecoder):
                     file=msg.file,
                     line=msg.line,
                     notes=notes,
+                    change_id=self.change_id(source, op, {}),
                 )
             ]
         return None

@@ -16,6 +16,9 @@ primary-key update is a delete (1) then a create (2) — and is zero-padded to
 10 digits.  This is the order Debezium itself streams in (commit LSN, change
 LSN) plus the serial it uses to resume.
 
+``change_id`` is ``commit_lsn|change_lsn`` (the two halves of a primary-key
+update share it); a snapshot read adds its key (``|snapshot|{key}``).
+
 ``tx_id`` is ``payload.transaction.id`` when transaction metadata is enabled,
 else the commit LSN of a streamed change (every change of a SQL Server
 transaction shares it); snapshot rows (null ``change_lsn``) get none, since
@@ -34,7 +37,7 @@ import re
 from typing import Any
 
 from ..model import DecodeError, Format, pad_decimal
-from .debezium_common import DebeziumDecoder, as_int, sniff_connector
+from .debezium_common import DebeziumDecoder, as_int, snapshot_change_id, sniff_connector
 
 _LSN = re.compile(r"^[0-9A-Fa-f]{8}:[0-9A-Fa-f]{8}:[0-9A-Fa-f]{4}$")
 ZERO_LSN = "00000000:00000000:0000"
@@ -67,6 +70,14 @@ class DebeziumSqlServerDecoder(DebeziumDecoder):
 
     def position(self, source: dict[str, Any], payload: dict[str, Any], notes: list[str]) -> str:
         return sqlserver_position(source)
+
+    def change_id(self, source: dict[str, Any], op: str, key: dict[str, str | None]) -> str | None:
+        """``commit_lsn|change_lsn``: both halves of a primary-key update (serial
+        1 and 2) share them, every other row change has its own change LSN."""
+        commit = normalise_lsn(source["commit_lsn"], "source.commit_lsn")
+        if source.get("change_lsn") is None:
+            return snapshot_change_id(commit, key)
+        return f"{commit}|{normalise_lsn(source['change_lsn'], 'source.change_lsn')}"
 
     def tx_id(self, source: dict[str, Any], payload: dict[str, Any]) -> str | None:
         tx = super().tx_id(source, payload)

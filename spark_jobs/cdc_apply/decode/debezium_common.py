@@ -786,6 +786,8 @@ class DebeziumDecoder(Decoder):
 
         payload = rec.payload
         op = payload["op"]
+        if not isinstance(op, str):  # a list or object is not hashable: name the field, not a TypeError
+            raise DecodeError(f"field 'op' is a {type(op).__name__}, not a string: {str(op)[:100]}")
         if op not in self.ops:
             raise DecodeError(f"unknown op {op!r} for {self.connector}")
         source = payload.get("source")

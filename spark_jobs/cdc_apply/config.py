@@ -193,6 +193,16 @@ class SourceConfig:
     merge_mode: str | None = None
     """``write.merge.mode`` every table of the source is kept at (``merge-on-read``
     for small batches of scattered keys); None leaves each table's own setting."""
+    targets: dict[str, str] = field(default_factory=dict)
+    """Source table (``db.schema.table``, ``schema.table`` or ``table``) -> target
+    table name, for names that collide or are not valid Iceberg names."""
+
+    def lookup(self, mapping: dict, database: str | None, schema: str | None, table: str):
+        """The entry of ``mapping`` for a source table, most specific name first."""
+        for cand in (f"{database}.{schema}.{table}", f"{schema}.{table}", table):
+            if cand in mapping:
+                return mapping[cand]
+        return None
 
     def archive_path(self, settings: Settings) -> str:
         return f"{settings.archive_dir.rstrip('/')}/{self.name}"
@@ -214,11 +224,16 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             fmt = Format(spec["format"]).value
         except ValueError:
             raise ConfigError(f"{path}: source {name!r} has unknown format {spec['format']!r}; use one of {[f.value for f in Format]}") from None
-        keys = {}
+        keys, targets = {}, {}
         for table, tspec in (spec.get("tables") or {}).items():
             pk = (tspec or {}).get("primary_key")
+            target = (tspec or {}).get("target")
+            if target is not None:
+                targets[str(table)] = validate_identifier(str(target).lower(), f"{path}: target of table {table!r} of source {name!r}")
+            if pk is None and target is not None:
+                continue
             if not pk or not isinstance(pk, list):
-                raise ConfigError(f"{path}: table {table!r} of source {name!r} needs primary_key: [col, ...]")
+                raise ConfigError(f"{path}: table {table!r} of source {name!r} needs primary_key: [col, ...] (and/or target: <name>)")
             keys[str(table)] = [str(c) for c in pk]
         merge_mode = spec.get("merge_mode")
         if merge_mode is not None and merge_mode not in MERGE_MODES:
@@ -231,6 +246,7 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             format=fmt,
             namespace=validate_identifier(spec.get("namespace", name), f"namespace of source {name!r}"),
             primary_keys=keys,
+            targets=targets,
             quarantine_max_share=share,
             merge_mode=merge_mode,
         )

@@ -104,3 +104,30 @@ def test_bom_only_at_the_start_of_the_file_is_an_encoding_marker():
     """Inside a file a BOM is content (and the decoder judges it)."""
     items = list(archive.iter_lines("f.jsonl", b'{"a":1}\n' + BOM + b'{"b":2}\n'))
     assert items[1].text == '\ufeff{"b":2}'
+
+
+class _FailingStore:
+    """A pyarrow file system whose listing or reads fail as a store's would."""
+
+    def __init__(self, fail_listing: bool):
+        from pyarrow import fs as pafs
+
+        self.inner = pafs.SubTreeFileSystem("/", pafs.LocalFileSystem())  # keys without a leading slash, as on a store
+        self.fail_listing = fail_listing
+
+    def get_file_info(self, what):
+        if self.fail_listing and not isinstance(what, str):
+            raise OSError("When listing objects under key 'src/2026/01/01/00': AWS Error ACCESS_DENIED")
+        return self.inner.get_file_info(what)
+
+    def open_input_stream(self, key, compression=None):
+        raise OSError(f"When reading information for key '{key}': AWS Error ACCESS_DENIED")
+
+
+@pytest.mark.parametrize("fail_listing", [True, False], ids=["listing", "read"])
+def test_object_store_faults_are_named_transient_errors(tmp_path, fail_listing):
+    from cdc_apply.storage import list_object_files
+
+    _two_hours(tmp_path / "bucket" / "src")
+    with pytest.raises(ArchiveUnreadable, match="cannot be listed" if fail_listing else "cannot be read"):
+        list_object_files(f"s3://{tmp_path.as_posix().lstrip('/')}/bucket/src", filesystem=_FailingStore(fail_listing))

@@ -41,11 +41,16 @@ def test_maintenance_skips_a_table_with_an_open_audit_branch(spark, settings):
 
 
 def test_a_batch_waits_while_maintenance_holds_the_table(spark, settings):
+    import os
+
+    from cdc_apply.maintenance import lock_key
     from cdc_apply.merge import MAINTENANCE_BRANCH
 
     ns = "maint_3"
     apply_events(spark, settings, ns, [event("c", 1, {"name": "x", "amount": "1.00"}, pos=1)])
     ident = f"{settings.catalog_name}.{ns}.items"
+    owner = lock_key(pid=os.getppid())  # a live process of this host holds it (a lock without owner is a killed one's)
+    spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('{owner}'='{{\"expires_at\": \"2999-01-01T00:00:00+00:00\"}}')")
     spark.sql(f"ALTER TABLE {ident} CREATE BRANCH {MAINTENANCE_BRANCH}")  # maintenance is running
     r = apply_events(spark, settings, ns, [event("u", 1, {"name": "y"}, pos=2)])
     t = r.tables[0]

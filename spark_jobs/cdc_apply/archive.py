@@ -83,11 +83,34 @@ def hour_of(relative: str, mtime: dt.datetime | None = None) -> dt.datetime:
 
 
 def sha256_of(path: Path) -> str:
+    """SHA-256 of a local file; ArchiveUnreadable (transient) names the file
+    when it cannot be read."""
+    from .errors import ArchiveUnreadable
+
     h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
+    try:
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as exc:
+        raise ArchiveUnreadable(f"archive file {path} cannot be read: {type(exc).__name__}: {exc.strerror or exc}") from exc
     return h.hexdigest()
+
+
+def walk_files(root: Path) -> Iterator[Path]:
+    """Every file below ``root``.  A folder that cannot be listed fails the
+    listing (ArchiveUnreadable, naming it): ``Path.rglob`` skips it silently,
+    and a shorter file list would apply later hours without its files."""
+    import os
+
+    from .errors import ArchiveUnreadable
+
+    def fail(exc: OSError) -> None:
+        raise ArchiveUnreadable(f"archive folder {exc.filename} cannot be listed: {type(exc).__name__}: {exc.strerror or exc}") from exc
+
+    for folder, _, names in os.walk(root, onerror=fail):
+        for name in names:
+            yield Path(folder) / name
 
 
 Known = Mapping[str, tuple[int, str]]
@@ -114,7 +137,7 @@ def list_files(root: str | Path, *, until: dt.datetime | None = None, since: dt.
     if not root.exists():
         return []
     out = []
-    for path in root.rglob("*"):
+    for path in walk_files(root):
         if not path.is_file() or not path.name.endswith(SUFFIXES) or path.name.startswith((".", "_")):
             continue
         hour = local_hour(path, root)
@@ -140,6 +163,7 @@ def fingerprint(path: Path) -> ArchiveFile:
 
 
 CHUNK_BYTES = 1 << 20
+UTF8_BOM = b"\xef\xbb\xbf"
 GZIP_MAGIC = b"\x1f\x8b"  # gzip is recognised by its first two bytes, not by the file name
 
 
@@ -261,6 +285,8 @@ def _split(path: str, chunks: Iterable[bytes], damage: str | None = None, first_
 
 
 def _message(path: str, number: int, raw: bytes) -> RawMessage | tuple[int, str, str] | None:
+    if number == 1 and raw.startswith(UTF8_BOM):  # an encoding marker, not part of the first message
+        raw = raw[len(UTF8_BOM):]
     if raw.endswith(b"\r"):
         raw = raw[:-1]
     if not raw.strip():

@@ -209,6 +209,16 @@ class SourceConfig:
     """Declared column types by table (``columns:`` next to ``primary_key``):
     Spark type names or Debezium semantic names; they type messages archived
     without a schema (JsonConverter ``schemas.enable=false``)."""
+    targets: dict[str, str] = field(default_factory=dict)
+    """Source table (``db.schema.table``, ``schema.table`` or ``table``) -> target
+    table name, for names that collide or are not valid Iceberg names."""
+
+    def lookup(self, mapping: dict, database: str | None, schema: str | None, table: str):
+        """The entry of ``mapping`` for a source table, most specific name first."""
+        for cand in (f"{database}.{schema}.{table}", f"{schema}.{table}", table):
+            if cand in mapping:
+                return mapping[cand]
+        return None
 
     def archive_path(self, settings: Settings) -> str:
         return f"{settings.archive_dir.rstrip('/')}/{self.name}"
@@ -230,11 +240,16 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             fmt = Format(spec["format"]).value
         except ValueError:
             raise ConfigError(f"{path}: source {name!r} has unknown format {spec['format']!r}; use one of {[f.value for f in Format]}") from None
-        keys, columns = {}, {}
+        keys, columns, targets = {}, {}, {}
         for table, tspec in (spec.get("tables") or {}).items():
             pk = (tspec or {}).get("primary_key")
+            target = (tspec or {}).get("target")
+            if target is not None:
+                targets[str(table)] = validate_identifier(str(target).lower(), f"{path}: target of table {table!r} of source {name!r}")
+            if pk is None and target is not None:
+                continue
             if not pk or not isinstance(pk, list):
-                raise ConfigError(f"{path}: table {table!r} of source {name!r} needs primary_key: [col, ...]")
+                raise ConfigError(f"{path}: table {table!r} of source {name!r} needs primary_key: [col, ...] (and/or target: <name>)")
             keys[str(table)] = [str(c) for c in pk]
             if (tspec or {}).get("columns") is not None:
                 columns[str(table)] = _declared_columns(path, name, str(table), tspec["columns"])
@@ -260,6 +275,7 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             format=fmt,
             namespace=validate_identifier(spec.get("namespace", name), f"namespace of source {name!r}"),
             primary_keys=keys,
+            targets=targets,
             quarantine_max_share=share,
             merge_mode=merge_mode,
             ordering=ordering,

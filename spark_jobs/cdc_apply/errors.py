@@ -34,3 +34,14 @@ class GateFailed(TerminalError):
 
 class SchemaIncompatible(TerminalError):
     """A source schema change cannot be applied safely (narrowing, key change)."""
+
+
+class ArchiveUnreadable(CdcError):
+    """An archive folder or file could not be listed or read (permissions, a
+    storage fault): transient, and the run fails rather than apply a shorter
+    file list — a skipped folder would be a silent loss."""
+
+
+class ConcurrentApply(CdcError):
+    """Another run is applying the same batch (its audit branch or commit won
+    the race, Iceberg's optimistic concurrency): transient, retry later."""

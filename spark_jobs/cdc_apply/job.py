@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import logging
 import time
 from dataclasses import asdict
@@ -28,9 +29,9 @@ from .config import Settings, SourceConfig, get_source
 from .decode import DecodeContext
 from .decode.debezium_common import UNTYPED_NOTE
 from .decode_stage import decode_batch
-from .errors import AlreadyAppliedFileChanged, CdcError, ConfigError, TerminalError
+from .errors import AlreadyAppliedFileChanged, CdcError, ConcurrentApply, ConfigError, TerminalError
 from .model import CONFIG_REFUSED_PREFIX
-from .results import BatchResult, Override, TableResult
+from .results import BatchResult, Override, TableResult, reason_class
 
 log = logging.getLogger("cdc_apply")
 PRUNE_STATE_MAX_EVENTS = 2_000_000
@@ -185,7 +186,8 @@ def apply_decoded(
         for (status, reason), n in status_counts.items():
             messages[status] = messages.get(status, 0) + n
             if status != "event":
-                messages[f"{status}:{reason}"] = n
+                key = f"{status}:{reason_class(reason)}"  # a short class; the detail is in the quarantine row
+                messages[key] = messages.get(key, 0) + n
         result.messages = messages
         _refuse_config(source, status_counts, decoded)
         held_lines: dict[str, list[int]] = {}
@@ -233,8 +235,17 @@ def apply_decoded(
             )
             .collect()
         )
+        targets, refused, collisions = _targets(source, table_meta)
+        if refused:
+            _refuse_tables(spark, settings, source, result, events, refused, dry_run)
         for meta in sorted(table_meta, key=lambda r: (r["table_name"], r["schema_name"] or "")):
-            tr = _apply_table(spark, settings, source, batch_id, branch, files, events, meta, dry_run, state, set(result.held_files))
+            ident = _identity(meta)
+            if ident in refused:
+                continue
+            if ident in collisions:
+                result.tables.append(TableResult(table=meta["table_name"], status="failed", message=f"ConfigError: {collisions[ident]}", terminal=True))
+                continue
+            tr = _apply_table(spark, settings, source, batch_id, branch, files, events, meta, dry_run, state, held_files=set(result.held_files), target=targets[ident])
             result.tables.append(tr)
         result.source_state = state
         result.fail_if_any()
@@ -257,6 +268,76 @@ def _refuse_config(source: SourceConfig, status_counts: dict[tuple[str, str], in
         lines = "; ".join(f"{n} message(s), first at {first(r)}: {r[len(CONFIG_REFUSED_PREFIX):]}" for r, n in refused[:5])
         more = f" (and {len(refused) - 5} more reasons)" if len(refused) > 5 else ""
         raise ConfigError(f"source {source.name}: the configuration does not fit its messages: {lines}{more}")
+def _identity(meta: Any) -> str:
+    return tables.source_identity(meta["database"], meta["schema_name"], meta["table_name"])
+
+
+def _targets(source: SourceConfig, table_meta: list) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """Per source table (``tables.source_identity``): its target name (a
+    configured ``target``, else the table's own name), the tables refused
+    (no valid Iceberg name: identity -> why) and those colliding with another
+    source table of the batch on one target (identity -> why, naming both)."""
+    targets: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    for meta in table_meta:
+        ident = _identity(meta)
+        mapped = source.lookup(source.targets, meta["database"], meta["schema_name"], meta["table_name"])
+        try:
+            targets[ident] = mapped or tables.target_name(meta["table_name"])
+        except ConfigError as exc:
+            refused[ident] = f"refused table {tables.describe_identity(ident)}: {exc}"
+    by_target: dict[str, list[str]] = {}
+    for ident, target in targets.items():
+        by_target.setdefault(target, []).append(ident)
+    collisions = {}
+    for target, idents in by_target.items():
+        if len(idents) > 1:
+            names = sorted(tables.describe_identity(i) for i in idents)
+            for ident in idents:
+                collisions[ident] = (
+                    f"source tables {names} would all be written to {source.namespace}.{target}: two source tables never share a "
+                    f"target; map each to its own with `tables: {{<schema>.<table>: {{target: <name>}}}}` in the sources file"
+                )
+    return targets, refused, collisions
+
+
+def _refuse_tables(
+    spark: SparkSession, settings: Settings, source: SourceConfig, result: BatchResult, events: DataFrame, refused: dict[str, str], dry_run: bool
+) -> None:
+    """Quarantine the events of refused tables (file, line, the event as JSON,
+    the reason naming the table) so that the batch completes for the others;
+    counted in the result and logged as a warning."""
+    identity = None
+    for ident in refused:
+        db, schema, table = json.loads(ident)
+        match = F.col("database").eqNullSafe(F.lit(db)) & F.col("schema_name").eqNullSafe(F.lit(schema)) & (F.col("table_name") == table)
+        identity = (F.when if identity is None else identity.when)(match, F.lit(ident))
+    reasons = F.create_map(*[x for ident, why in refused.items() for x in (F.lit(ident), F.lit(why))])
+    rows = events.withColumn("_ident", identity).where(F.col("_ident").isNotNull())
+    counts = {r["_ident"]: r["n"] for r in rows.groupBy("_ident").agg(F.count(F.lit(1)).alias("n")).collect()}
+    total = sum(counts.values())
+    m = result.messages
+    m["event"] = m.get("event", 0) - total
+    m["quarantined"] = m.get("quarantined", 0) + total
+    m["quarantined:refused-table"] = m.get("quarantined:refused-table", 0) + total
+    for ident, why in sorted(refused.items()):
+        result.tables.append(TableResult(table=tables.describe_identity(ident), status="refused", counts={"quarantined": counts.get(ident, 0)}, message=why))
+        log.warning("batch %s: %d message(s) quarantined: %s", result.batch_id, counts.get(ident, 0), why)
+    result.message = f"{len(refused)} table(s) refused, their {total} message(s) quarantined: {sorted(refused.values())}"
+    if dry_run:
+        return
+    ledger.ensure_audit_tables(settings)
+    target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
+    spark.sql(f"DELETE FROM {target} WHERE batch_id = {tables.sql_string(result.batch_id)} AND reason LIKE 'refused table %'")
+    raw = F.to_json(F.struct("database", "schema_name", "table_name", "op", "key_columns", "position", "after", "before"))
+    (
+        rows.select(
+            F.lit(result.batch_id).alias("batch_id"), F.lit(source.name).alias("source"), "file", "line",
+            reasons[F.col("_ident")].alias("reason"), raw.alias("raw"), F.current_timestamp().alias("recorded_at"),
+        )
+        .writeTo(target)
+        .append()
+    )
 
 
 def _record_quarantine(spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str, decoded: DataFrame) -> None:
@@ -279,11 +360,11 @@ def _record_quarantine(spark: SparkSession, settings: Settings, source: SourceCo
     )
 
 
-def _table_spec(spark: SparkSession, settings: Settings, source: SourceConfig, meta: Any) -> tables.TableSpec | None:
+def _table_spec(spark: SparkSession, settings: Settings, source: SourceConfig, meta: Any, target: str | None = None) -> tables.TableSpec | None:
     """The target's name, key and columns; None for a table that is not in the
     lake yet and whose batch holds nothing but truncates (nothing to create)."""
     name = meta["table_name"]
-    ident = f"{settings.catalog_name}.{source.namespace}.{tables.target_name(name)}"
+    ident = f"{settings.catalog_name}.{source.namespace}.{target or tables.target_name(name)}"
     declared = [[(c["name"], c["type"]) for c in cols] for cols in meta["decl"] if cols]
     columns, _ = tables.resolve_columns(declared, name)
     keysets = {tuple(k) for k in meta["keys"] if k}
@@ -351,6 +432,7 @@ def _apply_table(
     dry_run: bool,
     source_state: dict,
     held_files: set[str] | None = None,
+    target: str | None = None,
 ) -> TableResult:
     name = meta["table_name"]
     tr = TableResult(table=name, status="failed")
@@ -360,6 +442,7 @@ def _apply_table(
         if meta["untyped"]:
             _refuse_untyped(spark, settings, source, meta, events)
         spec = _table_spec(spark, settings, source, meta)
+        spec = _table_spec(spark, settings, source, meta, target)
         if spec is None:
             # A truncate of a table we have never seen: nothing to remove, but
             # remember its position so older events arriving later stay out.
@@ -377,6 +460,8 @@ def _apply_table(
             & F.col("database").eqNullSafe(F.lit(meta["database"]))
         )
         exists = tables.table_exists(spark, spec.identifier)
+        if exists:
+            tables.check_source_table(spark, spec.identifier, _identity(meta), claim=not dry_run)
         led = ledger.read_table_ledger(settings, spec.short) if exists else None
         done = {p for p, sha in (led.files if led else {}).items()}
         for f in files:
@@ -394,12 +479,15 @@ def _apply_table(
             tr.counts = {"events": ev.count()}
             return tr
         if not exists:
-            tables.create_table(spark, spec, source.name, source.merge_mode)
+            tables.create_table(spark, spec, source.name, source.merge_mode, _identity(meta))
             tr.schema_changes.append("created table")
         else:
             tr.schema_changes += tables.evolve(spark, spec)
             if source.merge_mode:
                 tr.schema_changes += tables.keep_merge_mode(spark, spec.identifier, source.merge_mode)
+            if not tables.is_complete(spark, spec.identifier):  # a killed run left it half-made
+                tables.finish_table(spark, spec)
+                tr.schema_changes.append("finished a half-made table")
 
         if len(new_files) < len(files):  # some files were applied to this table already: count the rest
             truncs = ev.where("op = 't'").agg(F.max("position").alias("p"), F.count(F.lit(1)).alias("n")).collect()[0]
@@ -467,7 +555,7 @@ def _apply_table(
         tr.terminal = False
     except Exception as exc:  # a Spark / catalog failure: may be transient
         log.exception("table %s failed", name)
-        tr.message = f"{type(exc).__name__}: {str(exc)[:2000]}"
+        tr.message = concurrent_apply_message(exc, tr.table, batch_id, branch) or f"{type(exc).__name__}: {str(exc)[:2000]}"
         tr.terminal = False
     return tr
 
@@ -486,6 +574,21 @@ def _conflict_check(labelled: DataFrame, key_columns: list[str], n: int) -> str:
         f"key {tuple(r[k] for k in key_columns)} position {r[compact.META_POS]} at {r['_cdc_file']}:{r['_cdc_line']}" for r in rows
     )
     return f"equal_position_conflict(events={n}: different events of one key at one source position, not applied; e.g. {where})"
+_CONCURRENT = ("ValidationException", "CommitFailedException", "CommitStateUnknownException", "Found conflicting files")
+
+
+def concurrent_apply_message(exc: BaseException, table: str, batch_id: str, branch: str) -> str | None:
+    """The clear, transient message of a failure that means another run is
+    applying the same batch: Iceberg's optimistic concurrency let the other
+    run's commit (or its reset of the shared audit branch) win.  None for
+    any other failure."""
+    text = f"{type(exc).__name__}: {exc}"
+    if any(marker in text for marker in _CONCURRENT) or branch in text:
+        return (
+            f"{ConcurrentApply.__name__}: another run is applying batch {batch_id} to {table} at the same time "
+            f"(its commit on branch {branch!r} won: {text.splitlines()[0][:300]}); retry: the retry applies what is left, exactly once"
+        )
+    return None
 
 
 def validate_batch(settings: Settings, result: BatchResult, spark: SparkSession | None = None, table: str | None = None) -> BatchResult:
@@ -544,6 +647,11 @@ def publish_batch(settings: Settings, result: BatchResult, table: str | None = N
             log.info("%s: published batch %s as snapshot %s", tr.table, result.batch_id, tr.snapshot_id)
         except CdcError as exc:
             tr.status, tr.terminal, tr.message = "failed", False, str(exc)
+        except Exception as exc:  # a lost commit race (pyiceberg's CommitFailedException): transient
+            msg = concurrent_apply_message(exc, tr.table, result.batch_id, tr.branch)
+            if msg is None:
+                raise
+            tr.status, tr.terminal, tr.message = "failed", False, msg
     result.fail_if_any()
     return result
 
@@ -555,6 +663,14 @@ def finish_batch(settings: Settings, result: BatchResult) -> BatchResult:
     if result.status in ("nothing-to-do", "dry-run", "skipped"):
         return result
     result.stage = "finish"
+    catalog = None
+    for t in result.tables:
+        if t.status == "validated" and t.branch:  # its publish may have committed, then died before saving its result
+            catalog = catalog or ledger.load_catalog(settings)
+            snap = ledger.published_snapshot(catalog, t.table.split(".", 1)[1], result.batch_id)
+            if snap is not None:
+                t.status, t.snapshot_id = "published", snap
+                log.warning("%s: found batch %s on main (snapshot %s): published by an attempt that did not save its result", t.table, result.batch_id, snap)
     unfinished = [t for t in result.tables if t.status in ("written", "validated")]
     for t in unfinished:
         t.message = f"stopped after the {t.status} stage: its next stage did not run or did not finish"

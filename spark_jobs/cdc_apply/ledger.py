@@ -208,6 +208,12 @@ def record_batch(settings: Settings, result) -> None:
     ensure_audit_tables(settings, catalog)
     now = dt.datetime.now(dt.timezone.utc)
     started = dt.datetime.fromisoformat(result.started_at) if result.started_at else now
+    status = result.status if result.status in APPLIED_STATUSES else "failed"
+    if _already_recorded(catalog, settings, result.batch_id, started, status):
+        import logging
+
+        logging.getLogger(__name__).info("batch %s: already recorded (a retried finish): nothing appended", result.batch_id)
+        return
     rows = []
     for t in result.tables:
         rows.append(
@@ -220,7 +226,6 @@ def record_batch(settings: Settings, result) -> None:
                 "decoder_state": None, "started_at": started, "ended_at": now,
             }
         )
-    status = result.status if result.status in APPLIED_STATUSES else "failed"
     held = set(result.held_files)
     rows.append(
         {
@@ -233,6 +238,34 @@ def record_batch(settings: Settings, result) -> None:
     )
     batches, _ = _arrow_schemas()
     _append(catalog, f"{settings.audit_namespace}.{BATCHES_TABLE}", pa.Table.from_pylist(rows, schema=batches))
+
+
+def _already_recorded(catalog, settings: Settings, batch_id: str | None, started: dt.datetime, status: str) -> bool:
+    """Whether the batch is recorded complete (or skipped) already, or this
+    very attempt (same start) was recorded with this status: ``finish`` run
+    again (an Airflow retry after a kill) appends nothing, while a finish
+    that completes an attempt recorded failed before still records it."""
+    from pyiceberg.expressions import And, EqualTo
+
+    table = catalog.load_table(f"{settings.audit_namespace}.{BATCHES_TABLE}")
+    rows = table.scan(row_filter=And(EqualTo("batch_id", batch_id or ""), EqualTo("table_name", "*")), selected_fields=("status", "started_at")).to_arrow().to_pylist()
+    return any(r["status"] in APPLIED_STATUSES or (r["started_at"] == started and r["status"] == status) for r in rows)
+
+
+def published_snapshot(catalog, identifier: str, batch_id: str) -> int | None:
+    """The newest snapshot of main's ancestry written by ``batch_id`` (its
+    ``cdc.batch-id``), None when main does not hold the batch: how a retried
+    publish or finish recognises its own completed fast-forward."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    table = catalog.load_table(identifier)
+    current = table.current_snapshot()
+    if current is None:
+        return None
+    for snap in ancestors_of(current, table.metadata):
+        if _summary_dict(snap).get(PREFIX + "batch-id") == batch_id:
+            return snap.snapshot_id
+    return None
 
 
 def _append(catalog, identifier: str, data, attempts: int = 5) -> None:
@@ -266,6 +299,10 @@ def fast_forward(catalog, identifier: str, branch: str) -> int:
     table = catalog.load_table(identifier)
     ref = table.metadata.refs.get(branch)
     if ref is None:
+        done = published_snapshot(catalog, identifier, branch.removeprefix(AUDIT_BRANCH_PREFIX))
+        if done is not None:  # an earlier attempt fast-forwarded and died before saving its result
+            logging.getLogger(__name__).warning("%s: batch of branch %r is already on main (snapshot %s): published by an earlier attempt", identifier, branch, done)
+            return done
         raise CdcError(f"{identifier}: audit branch {branch!r} does not exist (already published, or never written)")
     head = table.snapshot_by_id(ref.snapshot_id)
     main = table.current_snapshot()

@@ -46,6 +46,10 @@ def reset_branch(spark: SparkSession, spec: TableSpec, branch: str) -> None:
     spark.sql(f"ALTER TABLE {spec.identifier} DROP BRANCH IF EXISTS {branch}")
     spark.sql(f"ALTER TABLE {spec.identifier} CREATE BRANCH {branch}")
     if branch_snapshot(spark, spec, MAINTENANCE_BRANCH) is not None:
+        from .maintenance import recover_stale_lock
+
+        if recover_stale_lock(spark, spec.identifier) is not None:  # a killed maintenance left it: logged, dropped
+            return
         spark.sql(f"ALTER TABLE {spec.identifier} DROP BRANCH IF EXISTS {branch}")
         raise CdcError(f"{spec.identifier}: table maintenance is running (branch {MAINTENANCE_BRANCH!r}); the batch is retried after it")
 

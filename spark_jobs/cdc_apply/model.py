@@ -174,17 +174,24 @@ def decimal_type(precision: int, scale: int) -> str:
     return f"decimal({precision},{scale})"
 
 
+_INT_TEXT = re.compile(r"^[+-]?[0-9]+$")
+
+
 def canonical_value(spark_type: str, value: Any) -> str | None:
     """Validate ``value`` against ``spark_type`` and return its canonical text.
 
     Accepted inputs are the natural Python values a JSON decoder yields plus the
     types below; anything that does not fit raises ``DecodeError``:
 
-    * integers: int or decimal text, range-checked per width;
+    * integers: int, an integral float, or ASCII decimal digit text with an
+      optional sign (sources send numbers as text: Qlik, CES), range-checked
+      per width; '1_000', '١٢', '1.5', booleans are refused;
     * decimal(p,s): int / Decimal / exact decimal text (never a float unless it
       is exactly representable), rescaled to ``s`` without rounding;
     * float/double: number or text ('NaN', 'Infinity', '-Infinity' allowed);
-    * boolean: bool, 0/1, 'true'/'false'/'1'/'0';
+    * boolean: bool, 0/1, 'true'/'false'/'t'/'f'/'1'/'0' (any case) — what
+      sources send; 'yes'/'no'/'y'/'n', 2, 1.0 are refused (garbage, not a
+      source's boolean);
     * date: date or 'YYYY-MM-DD';
     * timestamp: aware datetime (converted to UTC) -> 'YYYY-MM-DD HH:MM:SS.ffffff';
     * timestamp_ntz: naive datetime or ISO text without zone;
@@ -201,7 +208,10 @@ def canonical_value(spark_type: str, value: Any) -> str | None:
                 if not value.is_integer():
                     raise DecodeError(f"{value!r} is not an integer")
                 value = int(value)
-            n = int(str(value).strip())
+            text = str(value).strip()
+            if not _INT_TEXT.match(text):  # int() would take '1_000' and non-ASCII digits
+                raise DecodeError(f"{value!r} is not an integer")
+            n = int(text)
             lo, hi = INT_RANGES[spark_type]
             if not lo <= n <= hi:
                 raise DecodeError(f"{n} does not fit {spark_type}")
@@ -234,10 +244,12 @@ def canonical_value(spark_type: str, value: Any) -> str | None:
         if spark_type == "boolean":
             if isinstance(value, bool):
                 return "true" if value else "false"
+            if isinstance(value, float):
+                raise DecodeError(f"{value!r} is not a boolean")
             text = str(value).strip().lower()
-            if text in ("true", "1", "t", "y", "yes"):
+            if text in ("true", "1", "t"):  # JSON/SQL text, bit 1, PostgreSQL's text form
                 return "true"
-            if text in ("false", "0", "f", "n", "no"):
+            if text in ("false", "0", "f"):
                 return "false"
             raise DecodeError(f"{value!r} is not a boolean")
         if spark_type == "date":

@@ -132,6 +132,24 @@ class BatchResult:
             self.message = "; ".join(f"{t.table}: {t.message}" for t in failed)
 
 
+_EXCEPTION_PREFIX = re.compile(r"^\s*(?:[A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception)\s*:\s*)+")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|\([^)]*\)|\[[^\]]*\]|\{[^}]*\}")
+
+
+def reason_class(reason: str | None) -> str:
+    """A short, stable class of a quarantine (skip, hold) reason for the
+    batch result's ``messages`` keys, e.g. ``invalid-json``: the text before
+    its first ':' without exception names, quoted values, brackets and
+    numbers.  The full reason stays in the quarantine row: keyed by the
+    detail, one batch gave ~925 distinct keys (offsets, values)."""
+    text = _EXCEPTION_PREFIX.sub("", reason or "")
+    head = _QUOTED.sub(" ", text.split(":", 1)[0])
+    words = re.findall(r"[a-z][a-z0-9_-]*", re.sub(r"\d+", " ", head.lower()).replace("utf- ", "utf-8 "))
+    if not words:  # e.g. "KeyError: 'op'": the exception's name is the class
+        words = re.findall(r"[a-z][a-z0-9_]*", (reason or "").split(":", 1)[0].lower())
+    return "-".join(words[:8])[:60] or "other"
+
+
 # -- files ----------------------------------------------------------------------
 
 

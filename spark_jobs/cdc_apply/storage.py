@@ -182,13 +182,18 @@ def s3_filesystem(options: S3Options | None = None):
 def sha256_of_object(filesystem, key: str) -> str:
     """SHA-256 of the object's bytes as stored (``compression=None``: pyarrow
     would otherwise gunzip a ``.gz`` object while reading it)."""
+    from .errors import ArchiveUnreadable
+
     h = hashlib.sha256()
-    with filesystem.open_input_stream(key, compression=None) as stream:
-        while True:
-            chunk = stream.read(1 << 20)
-            if not chunk:
-                break
-            h.update(chunk)
+    try:
+        with filesystem.open_input_stream(key, compression=None) as stream:
+            while True:
+                chunk = stream.read(1 << 20)
+                if not chunk:
+                    break
+                h.update(chunk)
+    except OSError as exc:
+        raise ArchiveUnreadable(f"archive object {key} cannot be read: {type(exc).__name__}: {exc}") from exc
     return h.hexdigest()
 
 
@@ -212,7 +217,12 @@ def list_object_files(root: str, *, since: dt.datetime | None = None, until: dt.
         info = filesystem.get_file_info(prefix)
         if info.type == pafs.FileType.NotFound:
             return []
-    infos = filesystem.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
+    try:
+        infos = filesystem.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
+    except OSError as exc:  # a listing that fails must fail the run, never shrink the file list
+        from .errors import ArchiveUnreadable
+
+        raise ArchiveUnreadable(f"archive prefix {root} cannot be listed: {type(exc).__name__}: {exc}") from exc
     out = []
     for info in infos:
         if info.type != pafs.FileType.File:

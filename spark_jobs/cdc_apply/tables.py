@@ -8,6 +8,7 @@ view (or filter ``NOT _cdc_deleted``).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -48,6 +49,58 @@ def target_name(table: str) -> str:
         return validate_identifier(name, "target table name")
     except ConfigError:
         raise ConfigError(f"source table {table!r} has no valid Iceberg name; rename it or add a mapping") from None
+
+
+PRIMARY_KEY_PROPERTY = "cdc.primary-key"
+SOURCE_TABLE_PROPERTY = "cdc.source-table"
+"""The source table (JSON ``[database, schema, table]``) a target holds:
+two source tables never share one target (``check_source_table``)."""
+COMPLETE_PROPERTY = "cdc.created"
+"""Set by the last step of :func:`create_table`: a table without it was
+left half-made (a kill during creation) and is finished by the next run."""
+
+
+def sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal (quotes and backslashes escaped):
+    every value written into SQL text goes through here."""
+    return "'" + str(text).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def encode_key(columns: list[str]) -> str:
+    """The ``cdc.primary-key`` property: a JSON list (a comma list read
+    ``id,x`` back as two keys)."""
+    return json.dumps(list(columns), ensure_ascii=False)
+
+
+def decode_key(value: str | None) -> list[str]:
+    """``encode_key``'s inverse; a legacy comma list is still read."""
+    if not value:
+        return []
+    if value.startswith("["):
+        return [str(k) for k in json.loads(value)]
+    return [k for k in value.split(",") if k]
+
+
+def source_identity(database: str | None, schema: str | None, table: str) -> str:
+    return json.dumps([database, schema, table], ensure_ascii=False, separators=(",", ":"))
+
+
+def describe_identity(identity: str) -> str:
+    return ".".join(p for p in json.loads(identity) if p)
+
+
+def check_source_table(spark: SparkSession, identifier: str, identity: str, claim: bool = True) -> None:
+    """Refuse (ConfigError) to write a source table into a target that holds
+    another one; a target from before this property is claimed (``claim``)."""
+    have = table_properties(spark, identifier).get(SOURCE_TABLE_PROPERTY)
+    if have is None and claim:
+        spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({sql_string(SOURCE_TABLE_PROPERTY)}={sql_string(identity)})")
+    elif have is not None and have != identity:
+        raise ConfigError(
+            f"{identifier} holds source table {describe_identity(have)}; source table {describe_identity(identity)} "
+            f"has the same name and is refused (two source tables never share a target): map it to its own target with "
+            f"`tables: {{{describe_identity(identity)}: {{target: <name>}}}}` in the sources file"
+        )
 
 
 def widen(old: str, new: str, column: str) -> str:
@@ -94,21 +147,38 @@ def table_exists(spark: SparkSession, identifier: str) -> bool:
     return bool(spark.sql(f"SHOW TABLES IN {catalog}.{ns} LIKE '{table}'").collect())
 
 
-def create_table(spark: SparkSession, spec: TableSpec, source: str, merge_mode: str | None = None) -> None:
+def create_table(spark: SparkSession, spec: TableSpec, source: str, merge_mode: str | None = None, identity: str | None = None) -> None:
+    """Create the table, or finish one a killed run left half-made: every step
+    is idempotent and :data:`COMPLETE_PROPERTY` is set last."""
     cols = [f"{quote(c)} {t}{' NOT NULL' if c in spec.key_columns else ''}" for c, t in spec.columns.items()]
     cols += [f"{c} {t}{' NOT NULL' if c == '_cdc_position' else ''}" for c, t in META_COLUMNS.items()]
+    props = {"format-version": "2", "write.wap.enabled": "true", PRIMARY_KEY_PROPERTY: encode_key(spec.key_columns), "cdc.source": source}
+    if merge_mode:
+        props["write.merge.mode"] = merge_mode
+    if identity:
+        props[SOURCE_TABLE_PROPERTY] = identity
     ns = spec.identifier.rsplit(".", 1)[0]
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {ns}")
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {spec.identifier} ({', '.join(cols)}) USING iceberg "
-        "TBLPROPERTIES ('format-version'='2', 'write.wap.enabled'='true', "
-        f"'cdc.primary-key'='{','.join(spec.key_columns)}', 'cdc.source'='{source}'"
-        + (f", 'write.merge.mode'='{merge_mode}')" if merge_mode else ")")
+        f"TBLPROPERTIES ({', '.join(f'{sql_string(k)}={sql_string(v)}' for k, v in props.items())})"
     )
+    finish_table(spark, spec)
+
+
+def is_complete(spark: SparkSession, identifier: str) -> bool:
+    return table_properties(spark, identifier).get(COMPLETE_PROPERTY) == "true"
+
+
+def finish_table(spark: SparkSession, spec: TableSpec) -> None:
+    """The steps of creation after CREATE TABLE, each safe to repeat: the key
+    as identifier fields, a first (empty) snapshot so that audit branches can
+    be created from main, the live view, then the completion mark."""
     spark.sql(f"ALTER TABLE {spec.identifier} SET IDENTIFIER FIELDS {', '.join(quote(k) for k in spec.key_columns)}")
-    # A first (empty) snapshot, so that audit branches can be created from main.
-    spark.table(spec.identifier).limit(0).writeTo(spec.identifier).append()
+    if not spark.sql(f"SELECT 1 FROM {spec.identifier}.refs WHERE name = 'main'").collect():
+        spark.table(spec.identifier).limit(0).writeTo(spec.identifier).append()
     refresh_live_view(spark, spec)
+    spark.sql(f"ALTER TABLE {spec.identifier} SET TBLPROPERTIES ({sql_string(COMPLETE_PROPERTY)}='true')")
 
 
 def refresh_live_view(spark: SparkSession, spec: TableSpec) -> None:
@@ -131,7 +201,7 @@ def keep_merge_mode(spark: SparkSession, identifier: str, mode: str) -> list[str
     have = merge_mode(spark, identifier)
     if have == mode:
         return []
-    spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ('write.merge.mode'='{mode}')")
+    spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ('write.merge.mode'={sql_string(mode)})")
     return [f"write.merge.mode {have} -> {mode}"]
 
 
@@ -139,7 +209,7 @@ def existing_schema(spark: SparkSession, identifier: str) -> tuple[dict[str, str
     fields = spark.table(identifier).schema.fields
     cols = {f.name: f.dataType.simpleString() for f in fields if not f.name.startswith("_cdc_")}
     props = table_properties(spark, identifier)
-    keys = [k for k in props.get("cdc.primary-key", "").split(",") if k]
+    keys = decode_key(props.get(PRIMARY_KEY_PROPERTY))
     return cols, keys
 
 

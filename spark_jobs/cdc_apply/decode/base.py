@@ -15,6 +15,7 @@ job therefore share one semantics.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Iterator
 
@@ -99,6 +100,32 @@ class Decoder:
     def export_state(self) -> dict[str, Any]:
         """State to persist for the next batch (merged into ``ctx.state``)."""
         return dict(self.ctx.state)
+
+
+_BAD_IDENT = re.compile(r"[\x00-\x1f\x7f\u2028\u2029`]")
+_CHECKED_NAMES: set[str] = set()
+MAX_IDENTIFIER = 128
+"""Longest name accepted (SQL Server's limit; Iceberg columns are checked to it too)."""
+
+
+def check_identifier(name: Any, what: str) -> str:
+    """The one check of a name taken from a message, in every decoder, before
+    it goes anywhere near SQL (where it is then quoted): refuse non-strings,
+    empty names, control characters, backticks and names over 128 characters
+    (a DecodeError: the message is quarantined, naming the field)."""
+    if type(name) is str and name in _CHECKED_NAMES:
+        return name
+    if not isinstance(name, str):
+        raise DecodeError(f"{what} name must be a string, got {name!r}")
+    if not name.strip():
+        raise DecodeError(f"{what} name is empty")
+    if len(name) > MAX_IDENTIFIER:
+        raise DecodeError(f"{what} name longer than {MAX_IDENTIFIER} characters: {name[:40]!r}...")
+    if _BAD_IDENT.search(name):
+        raise DecodeError(f"{what} name contains a control character or a backtick: {name!r}")
+    if len(_CHECKED_NAMES) < 10_000:  # the same few names recur in every message
+        _CHECKED_NAMES.add(name)
+    return name
 
 
 def quarantine(msg: RawMessage, exc: BaseException | str) -> Quarantined:

@@ -557,6 +557,8 @@ class CockroachDbDecoder(Decoder):
         if unknown:
             raise DecodeError(f"enriched payload has unknown fields {sorted(unknown)}")
         op_text = payload.get("op")
+        if not isinstance(op_text, str):  # a list or object is not hashable: name the field, not a TypeError
+            raise DecodeError(f"field 'op' is a {type(op_text).__name__}, not a string: {str(op_text)[:100]}")
         if op_text not in _OPS:
             raise DecodeError(f"enriched envelope with unknown op {op_text!r}")
         after, before = _image(payload, "after"), _image(payload, "before")

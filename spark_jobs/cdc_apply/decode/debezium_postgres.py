@@ -83,7 +83,10 @@ def lsn_position(source: dict[str, Any]) -> str:
     lsn = as_int(source["lsn"], "source.lsn")
     if lsn < 0:
         raise DecodeError(f"source.lsn is negative: {lsn}")
-    return pad_decimal(lsn, 20)
+    position = pad_decimal(lsn, 20)
+    if lsn >= 1 << 64:  # a PostgreSQL LSN is an unsigned 64-bit WAL offset
+        raise DecodeError(f"source.lsn {lsn} does not fit 64 bits: not a PostgreSQL LSN")
+    return position
 
 
 class DebeziumPostgresDecoder(DebeziumDecoder):

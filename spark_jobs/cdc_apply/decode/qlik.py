@@ -106,7 +106,7 @@ from ..model import (
     pad_decimal,
     parse_iso_datetime,
 )
-from .base import DecodeContext, Decoder, has_float
+from .base import DecodeContext, Decoder, check_identifier, has_float
 
 MAGIC = "atMSG"
 STATE_KEY = "qlik"
@@ -114,7 +114,6 @@ SEQ_WIDTH = 35
 REFRESH_SEQUENCE = "0" * SEQ_WIDTH
 _SEQ = re.compile(r"^[0-9]{35}$")
 _HEX = re.compile(r"^[0-9A-Fa-f]*$")
-_BAD_IDENT = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
 _NUMERIC_TEXT = re.compile(r"^NUMERIC\s*\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)$")
 
 OPS = {"REFRESH": Op.READ, "INSERT": Op.INSERT, "UPDATE": Op.UPDATE, "DELETE": Op.DELETE}
@@ -147,19 +146,6 @@ SIMPLE_TYPES = {
 # --------------------------------------------------------------------------
 # Small validators
 
-
-def check_identifier(name: Any, what: str) -> str:
-    """Names come from the message: refuse non-strings, empty names, control
-    characters and absurd lengths before they get anywhere near SQL."""
-    if not isinstance(name, str):
-        raise DecodeError(f"{what} name must be a string, got {name!r}")
-    if not name.strip():
-        raise DecodeError(f"{what} name is empty")
-    if len(name) > 256:
-        raise DecodeError(f"{what} name longer than 256 characters: {name[:40]!r}...")
-    if _BAD_IDENT.search(name):
-        raise DecodeError(f"{what} name contains a control character: {name!r}")
-    return name
 
 
 def _int(value: Any, what: str, *, minimum: int = 0, optional: bool = False) -> int | None:

@@ -117,7 +117,7 @@ from ..model import (
     pad_decimal,
     parse_iso_datetime,
 )
-from .base import DecodeContext, Decoder, decode_all, quarantine
+from .base import DecodeContext, Decoder, check_identifier, decode_all, quarantine
 
 OPERATIONS = {"INS": Op.INSERT, "UPD": Op.UPDATE, "DEL": Op.DELETE}
 EVENT_TYPE_PREFIX = "com.microsoft.SQL.CES.DML."
@@ -144,18 +144,6 @@ _SAME_INT = {"bigint": "bigint", "int": "int", "smallint": "smallint", "tinyint"
 # --------------------------------------------------------------------------
 # Small pure helpers
 
-
-def check_identifier(name: Any, what: str) -> str:
-    """Names reach SQL later: refuse non-strings, empty names and control characters."""
-    if not isinstance(name, str):
-        raise DecodeError(f"{what} must be a string, got {name!r}")
-    if not name.strip():
-        raise DecodeError(f"{what} is empty")
-    if len(name) > 256:
-        raise DecodeError(f"{what} longer than 256 characters: {name[:40]!r}...")
-    if _CONTROL.search(name):
-        raise DecodeError(f"{what} contains a control character: {name!r}")
-    return name
 
 
 def spark_type(sql_type: Any) -> tuple[str, bool]:

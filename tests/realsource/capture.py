@@ -347,14 +347,29 @@ class Recorder:
                             self.sink.close_hour()
                             self.roll_after = None
                     if value is not None and topic.endswith(f".{MARKER}"):
-                        after = json.loads(value)["payload"].get("after")
-                        if after:
-                            self.markers.add(int(after["id"]))
+                        payload = json.loads(value)["payload"]
+                        if payload.get("op") == "c":  # streamed, not read by the snapshot
+                            self.markers.add(int(payload["after"]["id"]))
             except BaseException as exc:  # noqa: BLE001 - surfaced to the workload thread
                 self.error = exc
                 raise
             finally:
                 self.cond.notify_all()
+
+    def wait_streaming(self, conn: Any, timeout: float = 180.0) -> None:
+        """Insert marker rows (negative ids) until one arrives streamed: the
+        initial snapshot is then complete and every later commit is streamed."""
+        deadline = time.monotonic() + timeout
+        n = 0
+        while True:
+            n -= 1
+            conn.execute(f"INSERT INTO {MARKER} VALUES (%s, -1, now())", (n,))
+            try:
+                self.wait_marker(n, timeout=2.0)
+                return
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Debezium did not start streaming within {timeout:.0f} s") from None
 
     def wait_marker(self, marker: int, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -406,6 +421,7 @@ def capture(seed: int, out: Path, *, hours: int = 4, ops_per_hour: int = 60, sna
             wl.one_change(a, i % 2)
         engine, thread = start_engine(server, recorder, work)
         try:
+            recorder.wait_streaming(a)
             marker = 0
             torn_hour = 1 if hours >= 3 else None
             for h in range(hours):

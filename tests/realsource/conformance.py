@@ -56,6 +56,7 @@ class VariantResult:
     skipped_torn: int = 0
     messages: dict[str, int] = field(default_factory=dict)
     tombstone_lines: int = 0
+    batch_seconds: list[float] = field(default_factory=list)
     tombstones_quarantined: int = 0
     mismatches: list[Mismatch] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -68,7 +69,7 @@ class VariantResult:
     def summary(self, limit: int = 20) -> str:
         lines = [f"{self.name}: {self.batches} batches, {self.comparisons} comparisons, {self.rows_compared} rows compared, "
                  f"{len(self.mismatches)} mismatches, {self.tombstones_quarantined} of {self.tombstone_lines} tombstone lines quarantined, "
-                 f"messages {self.messages}"]
+                 f"messages {self.messages}, batch seconds {self.batch_seconds}"]
         lines += [f"  problem: {p}" for p in self.problems[:limit]]
         lines += [f"  {m}" for m in self.mismatches[:limit]]
         if len(self.mismatches) > limit:
@@ -156,6 +157,7 @@ def apply_pending(spark: Any, settings: Any, name: str, until: dt.datetime, res:
     res.tombstone_lines += nulls
     result = run_batch(settings, name, files=files, spark=spark)
     res.batches += 1
+    res.batch_seconds.append(result.seconds)
     for k, v in result.messages.items():
         res.messages[k] = res.messages.get(k, 0) + v
     label = f"batch until {until:%H:00}"
@@ -281,3 +283,96 @@ def classify(mismatches: list[Mismatch]) -> dict[str, list[Mismatch]]:
             kind = f"{m.table}.{m.column}: wrong value"
         out.setdefault(kind, []).append(m)
     return out
+
+
+# ---------------------------------------------------------------- explaining mismatches
+
+PLACEHOLDERS = ("__debezium_unavailable_value", "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ==")
+
+
+@dataclass(frozen=True)
+class Message:
+    op: str
+    lsn: int
+    tx: int | None
+    file: str
+    line: int
+    placeholders: frozenset[str]
+    text: str
+
+
+def index_messages(cap: Capture) -> tuple[dict[tuple[str, tuple], list[Message]], set[tuple[str, int, int | None]]]:
+    """Every record of the capture by (table, key); and the (table, lsn, txId)
+    of every delete (a create at the same LSN and transaction is the new key of
+    a primary-key change)."""
+    by_key: dict[tuple[str, tuple], list[Message]] = {}
+    deletes: set[tuple[str, int, int | None]] = set()
+    for path in sorted(p for p in cap.archive.rglob("*") if p.is_file()):
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for n, text in enumerate(fh, 1):
+                if text.strip() == "null":
+                    continue
+                payload = json.loads(text)["payload"]
+                src = payload["source"]
+                table = src["table"]
+                row = payload.get("after") or payload.get("before") or {}
+                if table not in TABLE_KEYS or not row:
+                    continue
+                key = tuple(row.get(k) for k in TABLE_KEYS[table])
+                after = payload.get("after") or {}
+                ph = frozenset(c for c, v in after.items() if v in PLACEHOLDERS or v == [PLACEHOLDERS[0]])
+                msg = Message(payload["op"], int(src["lsn"]), src.get("txId"), str(path.relative_to(cap.archive)), n, ph, text.strip())
+                by_key.setdefault((table, key), []).append(msg)
+                if payload["op"] == "d":
+                    deletes.add((table, msg.lsn, msg.tx))
+    return by_key, deletes
+
+
+PK_CHANGE_TOAST = "primary-key change: the new key's create carries the unavailable placeholder, the unchanged TOAST value is lost"
+PLACEHOLDER_LATE = "unchanged-value placeholder applied before an older full image that arrived later (out-of-order partial row)"
+
+
+def explain(m: Mismatch, by_key: dict, deletes: set) -> str:
+    """The mismatch class, from the Debezium messages of the key."""
+    msgs = by_key.get((m.table, m.key), [])
+    if m.column == "<row>":
+        return f"{m.table}: {m.got}"
+    if m.got is None and m.expected is not None:
+        if any(x.op == "c" and m.column in x.placeholders and (m.table, x.lsn, x.tx) in deletes for x in msgs):
+            return PK_CHANGE_TOAST
+        if any(m.column in x.placeholders for x in msgs):
+            return PLACEHOLDER_LATE
+        return f"{m.table}.{m.column}: NULL instead of a value"
+    return f"{m.table}.{m.column}: wrong value"
+
+
+def raw_example(m: Mismatch, by_key: dict, limit: int = 240) -> list[str]:
+    """The key's messages, long values cut, for a report."""
+    out = []
+    for x in sorted(by_key.get((m.table, m.key), []), key=lambda x: x.lsn):
+        payload = json.loads(x.text)["payload"]
+        cut = {k: ({c: (v[:24] + "..." if isinstance(v, str) and len(v) > 24 else v) for c, v in payload[k].items()} if payload.get(k) else payload.get(k))
+               for k in ("before", "after")}
+        src = {k: payload["source"].get(k) for k in ("lsn", "txId", "snapshot")}
+        out.append(f"{x.file}:{x.line} op={x.op} source={src} before={cut['before']} after={cut['after']}"[: limit * 3])
+    return out
+
+
+def known_only(res: VariantResult, cap: Capture, known: set[str]) -> tuple[bool, dict[str, list[Mismatch]]]:
+    """(every mismatch is of a known class and there is no other problem, mismatches by class)."""
+    by_key, deletes = index_messages(cap)
+    classes: dict[str, list[Mismatch]] = {}
+    for m in res.mismatches:
+        classes.setdefault(explain(m, by_key, deletes), []).append(m)
+    return (not res.problems and set(classes) <= known), classes
+
+
+def report(res: VariantResult, cap: Capture, classes: dict[str, list[Mismatch]]) -> str:
+    by_key, _ = index_messages(cap)
+    lines = [res.summary(limit=0)]
+    for kind, ms in sorted(classes.items(), key=lambda kv: -len(kv[1])):
+        lines.append(f"  {len(ms)} x {kind}\n    e.g. {ms[0]}")
+        lines += [f"      {r}" for r in raw_example(ms[0], by_key)]
+    lines += [f"  problem: {p}" for p in res.problems]
+    return "\n".join(lines)

@@ -198,7 +198,7 @@ def inherit_moved_columns(prepared: DataFrame, stored: DataFrame, key_cols: list
     same_key = F.lit(True)
     for k, o in zip(key_cols, old):
         same_key = same_key & F.col(quote(k)).eqNullSafe(F.col(o))
-    pairs = partial.join(deletes, "_m_cid").where(~same_key).drop(*keys).persist()
+    pairs = partial.join(deletes, "_m_cid").where(~same_key).drop(*key_cols).persist()
     if pairs.isEmpty():
         return prepared, pairs
     pick = [F.col(quote(k)) == F.col(o) for k, o in zip(key_cols, old)]

@@ -32,15 +32,14 @@ def test_two_concurrent_applies_of_one_batch(spark, settings, tmp_path, monkeypa
     report = "\n".join(f"exit {c}\n{o[0][-3000:]}\n{o[1][-3000:]}" for c, o in zip(codes, outs))
     assert set(codes) <= {0, 1}, report  # never terminal: a retry must be allowed
     for code, (out, err) in zip(codes, outs):
-        if code == 1:
-            text = out + err
-            assert "another run is applying batch" in text or "main moved since branch" in text, report
-            assert "Ref audit_" not in json.loads(out)["message"] if out.strip().startswith("{") else True, report
+        if code == 1:  # the loser says what happened, in words, not a raw Iceberg exception
+            message = json.loads(out)["message"]
+            assert "another run is applying batch" in message or "main moved since branch" in message, report
     # the retry (Airflow's) finishes the batch; the table is exactly what one run makes
     code, res = _apply(capsys, "--source", "race", "--dir", str(folder))
     assert code == 0 and res["status"] in ("complete", "nothing-to-do"), res
     ident = f"{settings.catalog_name}.race.customers"
     assert _live(spark, ident) == set(range(1, 51)) - {7}
     assert spark.sql(f"SELECT count(*) FROM {ident}").collect()[0][0] == 50  # 49 live + 1 tombstone, nothing doubled
-    batch = res["batch_id"] or json.loads(outs[codes.index(0)][0])["batch_id"] if 0 in codes else res["batch_id"]
-    assert [r["status"] for r in _batch_rows(settings, "race", batch)].count("complete") >= 1
+    batch = json.loads(outs[0][0])["batch_id"]
+    assert "complete" in [r["status"] for r in _batch_rows(settings, "race", batch)]

@@ -83,10 +83,9 @@ def test_garbage_values_are_refused(typ, value):
 
 
 def _pg_insert(after: dict, lsn: int) -> str:
-    import json
+    import datetime as dt
 
     from cdc_apply.demo import pg_message
-    import datetime as dt
 
     return pg_message("c", lsn, 1, dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), None, after)
 

@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -534,15 +535,17 @@ def _apply_table(
             # a file with held messages is not applied to the table until they are (held.py)
             applied = [f.as_dict() for f in new_files if f.path not in (held_files or ())]
             props = ledger.summary_properties(batch_id, applied, position_max=tr.position_max, truncated_at=truncated_at, counts=counts)
+            attempt = props[ATTEMPT_PROPERTY] = uuid.uuid4().hex  # which run wrote the branch head (runs of one batch share the branch)
             with merge.snapshot_properties(spark, props):
                 source_df = compact.merge_source(folded, spec.key_columns, spec.columns)
                 merge.merge_changes(spark, spec, branch, source_df, batch_id, key_ranges)
                 if merge.branch_snapshot(spark, spec, branch) == start_snapshot or truncs["n"]:
                     merge.ledger_commit(spark, spec, branch)
             tr.branch = branch
+            tr.branch_snapshot = _own_head(spark, spec, branch, attempt, batch_id)
             tr.key_columns = spec.key_columns
             # reconciliation needs the folded batch: computed now, judged by the gate
-            tr.failed_expectations += gate.reconcile(merge.read_branch(spark, spec, branch), base_live, folded, spec.key_columns, counts, main_df)
+            tr.failed_expectations += gate.reconcile(_read_snapshot(spark, spec, tr.branch_snapshot), base_live, folded, spec.key_columns, counts, main_df)
             tr.status = "written"
         finally:
             labelled.unpersist()
@@ -574,7 +577,29 @@ def _conflict_check(labelled: DataFrame, key_columns: list[str], n: int) -> str:
         f"key {tuple(r[k] for k in key_columns)} position {r[compact.META_POS]} at {r['_cdc_file']}:{r['_cdc_line']}" for r in rows
     )
     return f"equal_position_conflict(events={n}: different events of one key at one source position, not applied; e.g. {where})"
-_CONCURRENT = ("ValidationException", "CommitFailedException", "CommitStateUnknownException", "Found conflicting files")
+
+
+ATTEMPT_PROPERTY = ledger.PREFIX + "attempt-id"
+
+
+def _own_head(spark: SparkSession, spec: tables.TableSpec, branch: str, attempt: str, batch_id: str) -> int:
+    """The branch head, checked to be this run's own commit (its attempt id in
+    the snapshot summary): another run of the batch may have reset the branch."""
+    head = merge.branch_snapshot(spark, spec, branch)
+    rows = [] if head is None else spark.sql(f"SELECT summary['{ATTEMPT_PROPERTY}'] AS a FROM {spec.identifier}.snapshots WHERE snapshot_id = {int(head)}").collect()
+    if not rows or rows[0]["a"] != attempt:
+        raise ConcurrentApply(
+            f"another run is applying batch {batch_id} to {spec.identifier} at the same time (the head {head} of branch {branch!r} "
+            "is not this run's write); retry: the retry applies what is left, exactly once"
+        )
+    return int(head)
+
+
+def _read_snapshot(spark: SparkSession, spec: tables.TableSpec, snapshot_id: int) -> DataFrame:
+    return spark.sql(f"SELECT * FROM {spec.identifier} VERSION AS OF {int(snapshot_id)}")
+
+
+_CONCURRENT = ("ConcurrentApply", "ValidationException", "CommitFailedException", "CommitStateUnknownException", "Found conflicting files")
 
 
 def concurrent_apply_message(exc: BaseException, table: str, batch_id: str, branch: str) -> str | None:
@@ -605,11 +630,14 @@ def validate_batch(settings: Settings, result: BatchResult, spark: SparkSession 
         spark = spark or get_spark(settings)
         spec = tables.TableSpec(identifier=tr.table, short=tr.table.split(".", 1)[1], key_columns=tr.key_columns, columns={})
         try:
-            gx_result = gate.run_gx(settings, merge.read_branch(spark, spec, tr.branch), tr.table, tr.key_columns, result.batch_id)
-        except Exception as exc:  # GX or Spark broke: not a data verdict, may be retried
+            if tr.branch_snapshot is not None and merge.branch_snapshot(spark, spec, tr.branch) != tr.branch_snapshot:
+                raise ConcurrentApply(f"branch {tr.branch!r} moved from snapshot {tr.branch_snapshot} (this run's write)")
+            branch_df = merge.read_branch(spark, spec, tr.branch) if tr.branch_snapshot is None else _read_snapshot(spark, spec, tr.branch_snapshot)
+            gx_result = gate.run_gx(settings, branch_df, tr.table, tr.key_columns, result.batch_id)
+        except Exception as exc:  # GX or Spark broke, or another run took the branch: not a data verdict, may be retried
             log.exception("validation of %s failed to run", tr.table)
             tr.status, tr.terminal = "failed", False
-            tr.message = f"validation could not run: {type(exc).__name__}: {str(exc)[:2000]}"
+            tr.message = concurrent_apply_message(exc, tr.table, result.batch_id, tr.branch or "") or f"validation could not run: {type(exc).__name__}: {str(exc)[:2000]}"
             continue
         tr.data_docs = gx_result.data_docs
         log.info("%s: data docs %s", tr.table, gx_result.data_docs)
@@ -642,7 +670,7 @@ def publish_batch(settings: Settings, result: BatchResult, table: str | None = N
             continue
         catalog = catalog or ledger.load_catalog(settings)
         try:
-            tr.snapshot_id = ledger.fast_forward(catalog, tr.table.split(".", 1)[1], tr.branch)
+            tr.snapshot_id = ledger.fast_forward(catalog, tr.table.split(".", 1)[1], tr.branch, expected_head=tr.branch_snapshot)
             tr.status = "published"
             log.info("%s: published batch %s as snapshot %s", tr.table, result.batch_id, tr.snapshot_id)
         except CdcError as exc:

@@ -285,7 +285,7 @@ def _append(catalog, identifier: str, data, attempts: int = 5) -> None:
             time.sleep(0.2 * attempt)
 
 
-def fast_forward(catalog, identifier: str, branch: str) -> int:
+def fast_forward(catalog, identifier: str, branch: str, expected_head: int | None = None) -> int:
     """Move main to the head of ``branch`` if main is its ancestor, drop the
     branch and the audit branches earlier failed attempts left behind (this
     batch re-applied their files); one atomic catalog commit.  Returns main's
@@ -304,6 +304,11 @@ def fast_forward(catalog, identifier: str, branch: str) -> int:
             logging.getLogger(__name__).warning("%s: batch of branch %r is already on main (snapshot %s): published by an earlier attempt", identifier, branch, done)
             return done
         raise CdcError(f"{identifier}: audit branch {branch!r} does not exist (already published, or never written)")
+    if expected_head is not None and ref.snapshot_id != expected_head:
+        raise CdcError(
+            f"ConcurrentApply: another run is applying batch {branch.removeprefix(AUDIT_BRANCH_PREFIX)} to {identifier} at the same time "
+            f"(branch {branch!r} moved from this run's snapshot {expected_head} to {ref.snapshot_id}); retry"
+        )
     head = table.snapshot_by_id(ref.snapshot_id)
     main = table.current_snapshot()
     if main is not None and main.snapshot_id not in {s.snapshot_id for s in ancestors_of(head, table.metadata)}:

@@ -80,6 +80,7 @@ class TableResult:
     terminal: bool = True
     key_columns: list[str] = field(default_factory=list)
     override: str | None = None  # set when an operator forced this table past failed checks
+    branch_snapshot: int | None = None  # the audit branch head this attempt wrote: validated and published only if still the head
 
 
 @dataclass

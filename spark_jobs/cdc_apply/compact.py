@@ -25,6 +25,8 @@ Every input row ends in exactly one bucket of ``Accounting``.
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import NamedTuple
 
 from pyspark.sql import Column, DataFrame
@@ -160,12 +162,15 @@ def text_of(column: Column, spark_type: str) -> Column:
     return column.cast("string")
 
 
-_STATE_BEFORE = """
-aggregate(
-  array_sort(hist, (l, r) -> CASE
+_IN_LOG_ORDER = """array_sort({events}, (l, r) -> CASE
       WHEN l.pos < r.pos THEN -1 WHEN l.pos > r.pos THEN 1
       WHEN l.file < r.file THEN -1 WHEN l.file > r.file THEN 1
-      WHEN l.line < r.line THEN -1 WHEN l.line > r.line THEN 1 ELSE 0 END),
+      WHEN l.line < r.line THEN -1 WHEN l.line > r.line THEN 1 ELSE 0 END)"""
+"""A key's events sorted as they apply: position, then lineage (file, line)."""
+
+_STATE_BEFORE = """
+aggregate(
+  """ + _IN_LOG_ORDER.format(events="hist") + """,
   cast(map() AS map<string,string>),
   (acc, e) -> CASE WHEN e.op = 'd' THEN cast(map() AS map<string,string>) ELSE map_concat(acc, e.after) END)
 """
@@ -195,16 +200,11 @@ def inherit_moved_columns(prepared: DataFrame, stored: DataFrame, key_cols: list
     partial = prepared.where((F.col("_cdc_op") != "d") & cid.isNotNull() & (F.size("_cdc_after") < len(columns))).select(
         cid.alias("_m_cid"), *keys, "_cdc_file", "_cdc_line"
     )
-    same_key = F.lit(True)
-    for k, o in zip(key_cols, old):
-        same_key = same_key & F.col(quote(k)).eqNullSafe(F.col(o))
+    same_key = functools.reduce(operator.and_, [F.col(quote(k)).eqNullSafe(F.col(o)) for k, o in zip(key_cols, old)])
     pairs = partial.join(deletes, "_m_cid").where(~same_key).drop(*key_cols).persist()
     if pairs.isEmpty():
         return prepared, pairs
-    pick = [F.col(quote(k)) == F.col(o) for k, o in zip(key_cols, old)]
-    on = pick[0]
-    for c in pick[1:]:
-        on = on & c
+    on = functools.reduce(operator.and_, [F.col(quote(k)) == F.col(o) for k, o in zip(key_cols, old)])
     event = F.struct(F.col(META_POS).alias("pos"), F.col("_cdc_file").alias("file"), F.col("_cdc_line").alias("line"), F.col("_cdc_op").alias("op"),
                      F.coalesce(F.col("_cdc_after"), F.create_map().cast("map<string,string>")).alias("after"))
     data = F.create_map(*[x for c, t in columns.items() for x in (F.lit(c), text_of(F.col(quote(c)), t))])
@@ -233,10 +233,7 @@ def inherit_moved_columns(prepared: DataFrame, stored: DataFrame, key_cols: list
 
 _FOLD = """
 aggregate(
-  array_sort(evs, (l, r) -> CASE
-      WHEN l.pos < r.pos THEN -1 WHEN l.pos > r.pos THEN 1
-      WHEN l.file < r.file THEN -1 WHEN l.file > r.file THEN 1
-      WHEN l.line < r.line THEN -1 WHEN l.line > r.line THEN 1 ELSE 0 END),
+  """ + _IN_LOG_ORDER.format(events="evs") + """,
   named_struct('base', 'table', 'deleted', false, 'vals', cast(map() AS map<string,string>),
                'cpos', cast(map() AS map<string,string>), 'delpos', cast(NULL AS string),
                'pos', cast(NULL AS string), 'op', cast(NULL AS string),

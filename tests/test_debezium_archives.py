@@ -35,7 +35,7 @@ ITEMS = {"id": "int", "name": "string", "amount": "decimal(10,2)", "updated_at":
 def source(tmp_path: Path, fmt: str, tables: dict[str, Any] | None = None, **extra: Any) -> Iterator[tuple[Settings, str, Any]]:
     """A fresh source of ``fmt`` (its own namespace) in a sources file of its
     own; yields (settings, name, a function that rewrites its ``tables:``)."""
-    name = f"{fmt}_{next(_n)}"
+    name = f"dbz_archive_{fmt}_{next(_n)}"  # its own names: test_formats_apply uses <format>_<n>
     sources_file = tmp_path / f"{name}.yaml"
 
     def write(tables: dict[str, Any] | None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,10 @@ def test_unreadable_hour_folder_fails_the_listing_as_a_real_non_root_user(tmp_pa
 
     base = Path(tempfile.mkdtemp(prefix="cdc_unreadable_")) / "arch"  # /tmp/pytest-of-root is 0700
     _two_hours(base)
-    for p in [base.parent, *base.rglob("*"), base]:
+    # the package under test, copied where `nobody` can read it (a checkout may sit in a 0700 folder)
+    code_dir = base.parent / "code"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "spark_jobs" / "cdc_apply", code_dir / "cdc_apply", ignore=shutil.ignore_patterns("__pycache__"))
+    for p in [base.parent, *base.parent.rglob("*")]:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
     os.chmod(base / "2026/01/01/00", 0)
     code = (
@@ -42,10 +46,9 @@ def test_unreadable_hour_folder_fails_the_listing_as_a_real_non_root_user(tmp_pa
         "    print(type(e).__name__, e); sys.exit(3)\n"
         "print('listed'); sys.exit(0)\n"
     )
-    spark_jobs = str(Path(__file__).resolve().parents[1] / "spark_jobs")
     proc = subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code, str(base)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": spark_jobs}, cwd="/",
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(code_dir)}, cwd="/",
     )
     os.chmod(base / "2026/01/01/00", 0o755)
     assert proc.returncode == 3, proc.stdout + proc.stderr

@@ -140,11 +140,28 @@ def resolve_columns(declared: list[list[tuple[str, str]]], table: str) -> tuple[
     return columns, notes
 
 
+def namespace_exists(spark: SparkSession, namespace: str) -> bool:
+    catalog, ns = namespace.split(".")
+    return bool(spark.sql(f"SHOW NAMESPACES IN {catalog} LIKE '{ns}'").collect())
+
+
 def table_exists(spark: SparkSession, identifier: str) -> bool:
     catalog, ns, table = identifier.split(".")
-    if not spark.sql(f"SHOW NAMESPACES IN {catalog} LIKE '{ns}'").collect():
+    if not namespace_exists(spark, f"{catalog}.{ns}"):
         return False
     return bool(spark.sql(f"SHOW TABLES IN {catalog}.{ns} LIKE '{table}'").collect())
+
+
+def ensure_namespace(spark: SparkSession, namespace: str) -> None:
+    """``CREATE NAMESPACE IF NOT EXISTS``, safe against a concurrent run: the
+    JDBC catalog checks and then inserts, so a run that lost the race fails on
+    the catalog's unique key (a raw ``UncheckedSQLException``, not Spark's
+    already-exists).  A namespace that exists afterwards is what was asked for."""
+    try:
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+    except Exception:
+        if not namespace_exists(spark, namespace):
+            raise
 
 
 def create_table(spark: SparkSession, spec: TableSpec, source: str, merge_mode: str | None = None, identity: str | None = None) -> None:
@@ -157,8 +174,7 @@ def create_table(spark: SparkSession, spec: TableSpec, source: str, merge_mode: 
         props["write.merge.mode"] = merge_mode
     if identity:
         props[SOURCE_TABLE_PROPERTY] = identity
-    ns = spec.identifier.rsplit(".", 1)[0]
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {ns}")
+    ensure_namespace(spark, spec.identifier.rsplit(".", 1)[0])
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {spec.identifier} ({', '.join(cols)}) USING iceberg "
         f"TBLPROPERTIES ({', '.join(f'{sql_string(k)}={sql_string(v)}' for k, v in props.items())})"

@@ -428,3 +428,16 @@ def test_different_events_at_one_position_are_refused_not_picked(spark, settings
     t = r.tables[0]
     assert t.counts["conflicts"] == 2 and t.counts["duplicates"] == 1 and t.terminal
     assert any(f.startswith("equal_position_conflict(events=2") and "key (1,)" in f for f in t.failed_expectations), t.failed_expectations
+
+
+def test_a_chain_of_key_changes_in_one_batch_carries_the_values_through(spark, settings, ns):
+    """Seen in a real Debezium capture: 1015 -> 1017 -> 1019 in one transaction,
+    each insert carrying the unavailable placeholder for the TOASTed value."""
+    first = [event("c", 7, {"name": "big", "amount": "1.00"}, pos=1)]
+    apply_events(spark, settings, ns, first)
+    chain = _moved(7, 8, {"amount": "2.00"}, pos=5) + _moved(8, 9, {}, pos=6)
+    r = apply_events(spark, settings, ns, list(reversed(chain)))
+    assert r.status == "complete", r.message
+    assert rows(spark, settings, ns) == {"9": ("big", "2.00")}
+    assert r.tables[0].counts["key_changes_inherited"] == 2 and r.tables[0].counts["partial_inserts"] == 0
+    check_model(spark, settings, ns, [first, chain])

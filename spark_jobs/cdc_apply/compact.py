@@ -37,6 +37,10 @@ META_POS = "_cdc_pos"
 
 # Labels given to each event.
 APPLY, DUPLICATE, SUPERSEDED, CONFLICT = "apply", "duplicate", "superseded", "conflict"
+MAX_KEY_CHANGE_CHAIN = 32
+"""Key changes of one key chained within a batch (1 -> 2 -> 3 ...) that the
+inheritance follows; an insert further down a longer chain keeps what it
+does not carry NULL and is counted as ``partial_inserts``."""
 NEVER_SET = ""
 """The per-column position of a column no event has set (NULL since the row
 began): lower than every real position, so any late event may fill it."""
@@ -209,25 +213,41 @@ def inherit_moved_columns(prepared: DataFrame, stored: DataFrame, key_cols: list
                      F.coalesce(F.col("_cdc_after"), F.create_map().cast("map<string,string>")).alias("after"))
     data = F.create_map(*[x for c, t in columns.items() for x in (F.lit(c), text_of(F.col(quote(c)), t))])
     # the pair's own lineage names the insert; rename so both sides agree
-    p_named = pairs.withColumnRenamed("_cdc_file", "_m_file").withColumnRenamed("_cdc_line", "_m_line")
-    pb = F.broadcast(p_named)
-    from_batch = prepared.join(pb, on).where(F.col(META_POS) < F.col("_m_pos")).select("_m_file", "_m_line", event.alias("e"))
+    pb = F.broadcast(pairs.withColumnRenamed("_cdc_file", "_m_file").withColumnRenamed("_cdc_line", "_m_line"))
     table_event = F.struct(F.col("_cdc_position").alias("pos"), F.lit("").alias("file"), F.lit(0).cast("bigint").alias("line"), F.lit("u").alias("op"), data.alias("after"))
     from_table = (
         stored.join(pb, on)
         .where(~F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & (F.col("_cdc_position") < F.col("_m_pos")))
         .select("_m_file", "_m_line", table_event.alias("e"))
     )
-    inherited = (
-        from_batch.unionByName(from_table)
-        .groupBy("_m_file", "_m_line")
-        .agg(F.collect_list("e").alias("hist"))
-        .select(F.col("_m_file").alias("_cdc_file"), F.col("_m_line").alias("_cdc_line"), F.expr(_STATE_BEFORE).alias("_m_inherited"))
-    )
-    completed = prepared.join(F.broadcast(inherited), ["_cdc_file", "_cdc_line"], "left").withColumn(
-        "_cdc_after",
-        F.when(F.col("_m_inherited").isNotNull(), F.map_concat(F.col("_m_inherited"), F.col("_cdc_after"))).otherwise(F.col("_cdc_after")),
-    ).drop("_m_inherited")
+    # A chain of key changes (1 -> 2 -> 3 in one transaction) makes an insert
+    # inherit from an insert that inherits in turn: repeat over the completed
+    # events until no insert gains a column (one round more than the chain).
+    completed, cached = prepared, None
+    for _ in range(MAX_KEY_CHANGE_CHAIN + 1):
+        from_batch = completed.join(pb, on).where(F.col(META_POS) < F.col("_m_pos")).select("_m_file", "_m_line", event.alias("e"))
+        inherited = (
+            from_batch.unionByName(from_table)
+            .groupBy("_m_file", "_m_line")
+            .agg(F.collect_list("e").alias("hist"))
+            .select(F.col("_m_file").alias("_cdc_file"), F.col("_m_line").alias("_cdc_line"), F.expr(_STATE_BEFORE).alias("_m_inherited"))
+        )
+        richer = (
+            completed.join(F.broadcast(inherited), ["_cdc_file", "_cdc_line"], "left")
+            .withColumn("_m_gain", F.coalesce(F.size(F.map_concat(F.col("_m_inherited"), F.col("_cdc_after"))) - F.size("_cdc_after"), F.lit(0)))
+            .withColumn(
+                "_cdc_after",
+                F.when(F.col("_m_inherited").isNotNull(), F.map_concat(F.col("_m_inherited"), F.col("_cdc_after"))).otherwise(F.col("_cdc_after")),
+            )
+            .drop("_m_inherited")
+            .persist()
+        )
+        gained = richer.where(F.col("_m_gain") > 0).limit(1).count()
+        if cached is not None:
+            cached.unpersist()
+        cached, completed = richer, richer.drop("_m_gain")
+        if not gained:
+            break
     return completed, pairs
 
 

@@ -7,10 +7,9 @@ CI runs one small seed (3 hours).  The soak: ``CDC_CONFORMANCE_SEEDS=10``
 ``CDC_CONFORMANCE_HOURS=6``; or from the command line
 ``python -m tests.realsource --seeds 10 --scale 4``.
 
-Strict: any row difference or unaccounted line fails.  Differences that are
-all of a class another branch is fixing are reported as xfail with the class,
-its count and the Debezium messages of an example (``-rx`` shows them); a
-difference of any other class fails.
+Strict: any row difference or unaccounted line fails, reported by class
+(primary-key change, late partial row, ...) with its count and the Debezium
+messages of an example.
 """
 
 from __future__ import annotations
@@ -23,13 +22,11 @@ import pytest
 
 from tests.realsource.capture import Capture
 from tests.realsource.conformance import (
-    PK_CHANGE_TOAST,
-    PLACEHOLDER_LATE,
     VariantResult,
     apply_in_order,
     apply_late_hour,
     capture_seed,
-    known_only,
+    classify,
     report,
 )
 
@@ -39,12 +36,6 @@ SEEDS = list(range(1, int(os.environ.get("CDC_CONFORMANCE_SEEDS", "1")) + 1))
 SCALE = float(os.environ.get("CDC_CONFORMANCE_SCALE", "1"))
 HOURS = int(os.environ.get("CDC_CONFORMANCE_HOURS", "3"))
 
-KNOWN_IN_ORDER = {PK_CHANGE_TOAST}
-"""Known defect, fixed on another branch: the primary-key-change inheritance
-(the new key's create must take the unchanged TOAST values of the old key)."""
-KNOWN_LATE = {PK_CHANGE_TOAST, PLACEHOLDER_LATE}
-"""... and per-column positions for out-of-order partial rows."""
-TOMBSTONE_DEFECT = "Kafka tombstone lines (`null`) are quarantined instead of skipped (decoders being taught to skip them)"
 
 
 def _missing_prerequisite() -> str | None:
@@ -71,16 +62,12 @@ def in_order(captures, spark, settings, tmp_path_factory) -> dict[int, VariantRe
     return {seed: apply_in_order(spark, settings, cap, f"rs_inorder_{seed}", folder) for seed, cap in captures.items()}
 
 
-def _judge(res: VariantResult, cap: Capture, known: set[str]) -> None:
+def _judge(res: VariantResult, cap: Capture) -> None:
     assert res.rows_compared > 0, res.summary()
-    only_known, classes = known_only(res, cap, known)
-    text = report(res, cap, classes)
+    text = report(res, cap, classify(res, cap))
     print(text)
-    if res.ok:
-        return
-    if only_known:
-        pytest.xfail(f"known defect(s): {'; '.join(sorted(classes))}\n{text}")
-    pytest.fail(text)
+    if not res.ok:
+        pytest.fail(text)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -88,7 +75,7 @@ def test_hourly_in_order_equals_source(seed, captures, in_order):
     """After every hour (but one whose end splits a transaction) every table equals the source."""
     res = in_order[seed]
     assert res.comparisons >= len(captures[seed].hours) - 1
-    _judge(res, captures[seed], KNOWN_IN_ORDER)
+    _judge(res, captures[seed])
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -96,11 +83,10 @@ def test_late_hour_equals_final_source(seed, captures, spark, settings, tmp_path
     """An hour folder delivered after the later hours were applied: the end state equals the source."""
     cap = captures[seed]
     res = apply_late_hour(spark, settings, cap, f"rs_late_{seed}", tmp_path, late=seed % (len(cap.hours) - 1))
-    _judge(res, cap, KNOWN_LATE)
+    _judge(res, cap)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.xfail(strict=False, reason=TOMBSTONE_DEFECT)
 def test_tombstone_lines_are_skipped(seed, in_order):
     """A sink's `null` line after a delete is a Kafka tombstone: skipped, never quarantined."""
     res = in_order[seed]

@@ -11,7 +11,6 @@ import datetime as dt
 import itertools
 import json
 import os
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, Iterator
 

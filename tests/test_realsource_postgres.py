@@ -26,7 +26,7 @@ from tests.realsource.conformance import (
     apply_in_order,
     apply_late_hour,
     capture_seed,
-    classify,
+    mismatch_classes,
     report,
 )
 
@@ -64,7 +64,7 @@ def in_order(captures, spark, settings, tmp_path_factory) -> dict[int, VariantRe
 
 def _judge(res: VariantResult, cap: Capture) -> None:
     assert res.rows_compared > 0, res.summary()
-    text = report(res, cap, classify(res, cap))
+    text = report(res, cap, mismatch_classes(res, cap))
     print(text)
     if not res.ok:
         pytest.fail(text)

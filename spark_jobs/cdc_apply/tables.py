@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from .compact import quote
-from .config import Settings, validate_identifier
+from .config import validate_identifier
 from .errors import ConfigError, SchemaIncompatible
 
 META_COLUMNS = {

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import os
 import random
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 

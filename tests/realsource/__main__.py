@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("CDC_SPARK_MASTER", "local[2]")
     from cdc_apply.config import Settings
     from cdc_apply.spark_session import get_spark
-    from tests.realsource.conformance import apply_in_order, apply_late_hour, capture_seed, index_messages, explain, report
+    from tests.realsource.conformance import apply_in_order, apply_late_hour, capture_seed, mismatch_classes, report
 
     settings = Settings.from_env()
     spark = get_spark(settings, app_name="cdc-realsource")
@@ -49,12 +49,10 @@ def main(argv: list[str] | None = None) -> int:
             apply_in_order(spark, settings, cap, f"rs_inorder_{seed}", work),
             apply_late_hour(spark, settings, cap, f"rs_late_{seed}", work, late=seed % (len(cap.hours) - 1)),
         ]
-        by_key, deletes = index_messages(cap)
         for res in results:
-            classes: dict = {}
-            for m in res.mismatches:
-                classes.setdefault(explain(m, by_key, deletes), []).append(m)
-                all_classes.setdefault(explain(m, by_key, deletes), []).append(m)
+            classes = mismatch_classes(res, cap)
+            for kind, ms in classes.items():
+                all_classes.setdefault(kind, []).extend(ms)
             print(report(res, cap, classes), flush=True)
             totals["rows"] += res.rows_compared
             totals["mismatches"] += len(res.mismatches)

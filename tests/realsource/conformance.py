@@ -271,20 +271,6 @@ def compare(spark: Any, settings: Any, namespace: str, state: HourState, when: s
             res.mismatches.append(Mismatch(when, table, key, "<row>", "no row", "live row (resurrected or never deleted)"))
 
 
-def classify(mismatches: list[Mismatch]) -> dict[str, list[Mismatch]]:
-    """Group by (table, column, kind of difference) for the report."""
-    out: dict[str, list[Mismatch]] = {}
-    for m in mismatches:
-        if m.column == "<row>":
-            kind = f"{m.table}: {m.got}"
-        elif m.got is None:
-            kind = f"{m.table}.{m.column}: NULL instead of a value"
-        else:
-            kind = f"{m.table}.{m.column}: wrong value"
-        out.setdefault(kind, []).append(m)
-    return out
-
-
 # ---------------------------------------------------------------- explaining mismatches
 
 PLACEHOLDERS = ("__debezium_unavailable_value", "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ==")
@@ -359,7 +345,7 @@ def raw_example(m: Mismatch, by_key: dict, limit: int = 240) -> list[str]:
     return out
 
 
-def classify(res: VariantResult, cap: Capture) -> dict[str, list[Mismatch]]:
+def mismatch_classes(res: VariantResult, cap: Capture) -> dict[str, list[Mismatch]]:
     """The mismatches by class, named from the Debezium messages of their key."""
     by_key, deletes = index_messages(cap)
     classes: dict[str, list[Mismatch]] = {}

@@ -8,7 +8,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator

@@ -207,7 +207,7 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
     spec = tables.TableSpec(identifier=ident, short=f"{ns}.items", key_columns=["id"], columns=COLS)
     spark.sql(  # one net change, shaped as compact.merge_source
         "SELECT CAST(id AS int) AS id, 'x' AS name, CAST(1 AS decimal(10,2)) AS amount, array('name') AS _cdc_present, 'upsert' AS _cdc_action, "
-        "'table' AS _cdc_base, map('name', '9') AS _cdc_cpos, CAST(NULL AS string) AS _cdc_delpos, '9' AS _cdc_pos, 'u' AS _cdc_op, current_timestamp() AS _cdc_commit_ts, CAST(NULL AS string) AS _cdc_tx_id FROM range(102, 103)"
+        "map('name', '9') AS _cdc_cpos, CAST(NULL AS string) AS _cdc_delpos, '9' AS _cdc_pos, 'u' AS _cdc_op, current_timestamp() AS _cdc_commit_ts, CAST(NULL AS string) AS _cdc_tx_id FROM range(102, 103)"
     ).createOrReplaceTempView("_probe")
     plan = spark.sql("EXPLAIN " + merge.merge_sql(spec, "main", "_probe", "probe", {"id": (101, 103)})).collect()[0][0]
     scans = [line for line in plan.splitlines() if "BatchScan" in line and ident in line]
@@ -293,10 +293,10 @@ def test_the_one_event_short_cuts_fold_as_the_general_fold(spark, monkeypatch):
     grouped = folded(lambda k: 2)  # every key grouped: size(evs) = 1 takes _ONE_OR_FOLD's short cut
     monkeypatch.setattr(compact, "_ONE_OR_FOLD", compact._FOLD)
     assert short == grouped == folded(lambda k: 2)
-    assert short[1]["_cdc_vals"] == {"id": "1", "a": "x"} and short[1]["_cdc_base"] == "table"
-    assert short[2]["_cdc_action"] == "delete" and short[2]["_cdc_base"] == "empty"
+    assert short[1]["_cdc_vals"] == {"id": "1", "a": "x"} and short[1]["_cdc_delpos"] is None
+    assert short[2]["_cdc_action"] == "delete" and short[2]["_cdc_delpos"] == "p06"
     assert short[3]["_cdc_vals"] == {"id": "3"} and short[3]["_cdc_events"] == 1 and not short[3]["_cdc_stored_live"]
-    assert short[4]["_cdc_vals"] == {"id": "4", "b": "new"} and short[4]["_cdc_base"] == "empty"
+    assert short[4]["_cdc_vals"] == {"id": "4", "b": "new"} and short[4]["_cdc_delpos"] == "p02"
     assert short[5]["_cdc_vals"] == {"id": "5", "b": "z", "a": "y"} and short[5]["_cdc_pos"] == "p09"
     assert short[7]["_cdc_events"] == 1 and short[7]["_cdc_pos"] == "p10"
     assert 6 not in short and 8 not in short

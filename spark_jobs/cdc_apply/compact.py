@@ -254,15 +254,15 @@ def inherit_moved_columns(prepared: DataFrame, stored: DataFrame, key_cols: list
 _FOLD = """
 aggregate(
   """ + _IN_LOG_ORDER.format(events="evs") + """,
-  named_struct('base', 'table', 'deleted', false, 'vals', cast(map() AS map<string,string>),
+  named_struct('deleted', false, 'vals', cast(map() AS map<string,string>),
                'cpos', cast(map() AS map<string,string>), 'delpos', cast(NULL AS string),
                'pos', cast(NULL AS string), 'op', cast(NULL AS string),
                'commit_ts', cast(NULL AS timestamp), 'tx_id', cast(NULL AS string)),
   (acc, e) -> CASE WHEN e.op = 'd'
-    THEN named_struct('base', 'empty', 'deleted', true, 'vals', cast(map() AS map<string,string>),
+    THEN named_struct('deleted', true, 'vals', cast(map() AS map<string,string>),
                       'cpos', cast(map() AS map<string,string>), 'delpos', e.pos,
                       'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id)
-    ELSE named_struct('base', acc.base, 'deleted', false, 'vals', map_concat(acc.vals, e.after),
+    ELSE named_struct('deleted', false, 'vals', map_concat(acc.vals, e.after),
                       'cpos', map_concat(acc.cpos, map_from_arrays(map_keys(e.after), array_repeat(e.pos, size(e.after)))),
                       'delpos', acc.delpos,
                       'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id)
@@ -274,10 +274,10 @@ aggregate(
 # aggregate's merge) are evaluated row by row, without generated code.
 _ONE_EVENT = """
 CASE WHEN {e}.op = 'd'
-  THEN named_struct('base', 'empty', 'deleted', true, 'vals', cast(map() AS map<string,string>),
+  THEN named_struct('deleted', true, 'vals', cast(map() AS map<string,string>),
                     'cpos', cast(map() AS map<string,string>), 'delpos', {e}.pos,
                     'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id)
-  ELSE named_struct('base', 'table', 'deleted', false, 'vals', {e}.after,
+  ELSE named_struct('deleted', false, 'vals', {e}.after,
                     'cpos', map_from_arrays(map_keys({e}.after), array_repeat({e}.pos, size({e}.after))),
                     'delpos', cast(NULL AS string),
                     'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id)
@@ -296,11 +296,11 @@ def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
 
     Output: key columns, ``_cdc_action`` ('upsert' | 'delete' when the
     batch's last event is newer than the stored row; 'fill' when every event
-    is older, so only columns last set lower still change), ``_cdc_base``
-    ('table': columns not present keep the stored value; 'empty': a delete in
-    the batch came first), ``_cdc_vals`` (present columns as canonical text),
-    ``_cdc_cpos`` (the position that set each of them), ``_cdc_delpos`` (the
-    batch's last delete of the key), ``_cdc_pos``/``_cdc_op``/
+    is older, so only columns last set lower still change), ``_cdc_vals``
+    (present columns as canonical text), ``_cdc_cpos`` (the position that set
+    each of them), ``_cdc_delpos`` (the batch's last delete of the key: the
+    columns not present were set NULL there; null when the batch has none,
+    so they keep the stored value), ``_cdc_pos``/``_cdc_op``/
     ``_cdc_commit_ts``/``_cdc_tx_id`` of the last event, ``_cdc_events``
     folded, ``_cdc_stored_live``, ``_cdc_stored_pos``.
     """
@@ -337,7 +337,6 @@ def _folded_columns(df: DataFrame, keys: list[str]) -> DataFrame:
     return df.select(
         *keys,
         F.when(~newer, F.lit("fill")).when(F.col("_f.deleted"), F.lit("delete")).otherwise(F.lit("upsert")).alias("_cdc_action"),
-        F.col("_f.base").alias("_cdc_base"),
         F.col("_f.vals").alias("_cdc_vals"),
         F.col("_f.cpos").alias("_cdc_cpos"),
         F.col("_f.delpos").alias("_cdc_delpos"),
@@ -359,7 +358,6 @@ def merge_source(folded: DataFrame, key_cols: list[str], columns: dict[str, str]
         *data,
         F.map_keys("_cdc_vals").alias("_cdc_present"),
         "_cdc_action",
-        "_cdc_base",
         "_cdc_cpos",
         "_cdc_delpos",
         META_POS,

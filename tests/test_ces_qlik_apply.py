@@ -14,7 +14,6 @@ Spark -> apply -> publish -> ledger), on real Spark + Iceberg:
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 

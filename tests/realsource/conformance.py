@@ -72,7 +72,7 @@ class VariantResult:
                  f"messages {self.messages}, batch seconds {self.batch_seconds}"]
         lines += [f"  problem: {p}" for p in self.problems[:limit]]
         lines += [f"  {m}" for m in self.mismatches[:limit]]
-        if len(self.mismatches) > limit:
+        if limit and len(self.mismatches) > limit:
             lines.append(f"  ... {len(self.mismatches) - limit} more")
         return "\n".join(lines)
 

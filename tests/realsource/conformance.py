@@ -93,7 +93,7 @@ def capture_seed(seed: int, out: Path, *, hours: int = 4, ops: int = 60, snapsho
         proc = subprocess.run(
             [sys.executable, "-m", "tests.realsource.capture", "--seed", str(seed), "--hours", str(hours),
              "--ops", str(ops), "--snapshot-rows", str(snapshot_rows), "--out", str(out)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900,
+            cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900,  # Debezium writes logs/ in its cwd
         )
     if proc.returncode:
         tail = (out / "capture.log").read_text(errors="replace")[-4000:]

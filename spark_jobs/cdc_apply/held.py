@@ -70,13 +70,15 @@ def only_held_lines(spark: SparkSession, decoded: DataFrame, prior: dict[str, di
     ranges = spark.createDataFrame(
         [(path, lo, hi) for path, rec in prior.items() for lo, hi in rec["lines"]], "_h_file string, _h_lo bigint, _h_hi bigint"
     )
-    kept = decoded.join(
+    # one pass over the decode (a union of two filters would run it twice); a
+    # file's ranges are disjoint, so a row matches at most one of them
+    joined = decoded.join(
         F.broadcast(ranges),
         (decoded["file"] == ranges["_h_file"]) & decoded["line"].between(ranges["_h_lo"], ranges["_h_hi"]),
-        "left_semi",
+        "left",
     )
-    rest = decoded.where(~F.col("file").isin(list(prior)))
-    return rest.unionByName(kept)
+    kept = joined.where(~F.col("file").isin(list(prior)) | F.col("_h_file").isNotNull())
+    return kept.drop("_h_file", "_h_lo", "_h_hi")
 
 
 def carry(state: dict[str, Any], files: Iterable[Any], held_lines: dict[str, list[int]]) -> dict[str, dict[str, Any]]:

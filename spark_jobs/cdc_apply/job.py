@@ -124,7 +124,9 @@ def run_batch(
     state = ledger.latest_decoder_state(settings, source.name)
     ctx = DecodeContext(source=source.name, primary_keys=source.primary_keys, state=state, options=source.decode_options(), declared_types=source.columns)
     if source.format in ("debezium_postgres", "debezium_sqlserver"):  # they type schemaless messages by the stored tables
+        t0 = time.time()
         ctx.stored_types = tables.stored_column_types(spark, settings.catalog_name, source.namespace)
+        log.info("batch %s: column types of %d stored table(s) read in %.2f s", batch_id, len(ctx.stored_types), time.time() - t0)
     decoded, new_state = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
     new_state = {**state, **new_state}
     apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter)

@@ -278,5 +278,6 @@ def stored_column_types(spark: SparkSession, catalog: str, namespace: str) -> di
         name = row["tableName"]
         if row["isTemporary"] or name.endswith("_live"):
             continue
-        out[name] = existing_schema(spark, f"{catalog}.{namespace}.{name}")[0]
+        fields = spark.table(f"{catalog}.{namespace}.{name}").schema.fields
+        out[name] = {f.name: f.dataType.simpleString() for f in fields if not f.name.startswith("_cdc_")}
     return out

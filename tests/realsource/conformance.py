@@ -72,7 +72,7 @@ class VariantResult:
                  f"messages {self.messages}, batch seconds {self.batch_seconds}"]
         lines += [f"  problem: {p}" for p in self.problems[:limit]]
         lines += [f"  {m}" for m in self.mismatches[:limit]]
-        if len(self.mismatches) > limit:
+        if limit and len(self.mismatches) > limit:
             lines.append(f"  ... {len(self.mismatches) - limit} more")
         return "\n".join(lines)
 
@@ -93,7 +93,7 @@ def capture_seed(seed: int, out: Path, *, hours: int = 4, ops: int = 60, snapsho
         proc = subprocess.run(
             [sys.executable, "-m", "tests.realsource.capture", "--seed", str(seed), "--hours", str(hours),
              "--ops", str(ops), "--snapshot-rows", str(snapshot_rows), "--out", str(out)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900,
+            cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900,  # Debezium writes logs/ in its cwd
         )
     if proc.returncode:
         tail = (out / "capture.log").read_text(errors="replace")[-4000:]
@@ -287,12 +287,12 @@ class Message:
     text: str
 
 
-def index_messages(cap: Capture) -> tuple[dict[tuple[str, tuple], list[Message]], set[tuple[str, int, int | None]]]:
+def index_messages(cap: Capture) -> tuple[dict[tuple[str, tuple], list[Message]], dict[tuple[str, int, int | None], Message]]:
     """Every record of the capture by (table, key); and the (table, lsn, txId)
     of every delete (a create at the same LSN and transaction is the new key of
     a primary-key change)."""
     by_key: dict[tuple[str, tuple], list[Message]] = {}
-    deletes: set[tuple[str, int, int | None]] = set()
+    deletes: dict[tuple[str, int, int | None], Message] = {}
     for path in sorted(p for p in cap.archive.rglob("*") if p.is_file()):
         opener = gzip.open if path.name.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as fh:
@@ -311,7 +311,7 @@ def index_messages(cap: Capture) -> tuple[dict[tuple[str, tuple], list[Message]]
                 msg = Message(payload["op"], int(src["lsn"]), src.get("txId"), str(path.relative_to(cap.archive)), n, ph, text.strip())
                 by_key.setdefault((table, key), []).append(msg)
                 if payload["op"] == "d":
-                    deletes.add((table, msg.lsn, msg.tx))
+                    deletes[(table, msg.lsn, msg.tx)] = msg
     return by_key, deletes
 
 
@@ -319,7 +319,7 @@ PK_CHANGE_TOAST = "primary-key change: the new key's create carries the unavaila
 PLACEHOLDER_LATE = "unchanged-value placeholder applied before an older full image that arrived later (out-of-order partial row)"
 
 
-def explain(m: Mismatch, by_key: dict, deletes: set) -> str:
+def explain(m: Mismatch, by_key: dict, deletes: dict) -> str:
     """The mismatch class, from the Debezium messages of the key."""
     msgs = by_key.get((m.table, m.key), [])
     if m.column == "<row>":
@@ -333,10 +333,13 @@ def explain(m: Mismatch, by_key: dict, deletes: set) -> str:
     return f"{m.table}.{m.column}: wrong value"
 
 
-def raw_example(m: Mismatch, by_key: dict, limit: int = 240) -> list[str]:
-    """The key's messages, long values cut, for a report."""
+def raw_example(m: Mismatch, by_key: dict, deletes: dict, limit: int = 240) -> list[str]:
+    """The key's messages (and the delete of the old key of a primary-key
+    change), long values cut, for a report."""
     out = []
-    for x in sorted(by_key.get((m.table, m.key), []), key=lambda x: x.lsn):
+    msgs = by_key.get((m.table, m.key), [])
+    msgs = msgs + [deletes[(m.table, x.lsn, x.tx)] for x in msgs if x.op == "c" and (m.table, x.lsn, x.tx) in deletes]
+    for x in sorted(msgs, key=lambda x: (x.lsn, x.op != "d")):
         payload = json.loads(x.text)["payload"]
         cut = {k: ({c: (v[:24] + "..." if isinstance(v, str) and len(v) > 24 else v) for c, v in payload[k].items()} if payload.get(k) else payload.get(k))
                for k in ("before", "after")}
@@ -355,10 +358,10 @@ def mismatch_classes(res: VariantResult, cap: Capture) -> dict[str, list[Mismatc
 
 
 def report(res: VariantResult, cap: Capture, classes: dict[str, list[Mismatch]]) -> str:
-    by_key, _ = index_messages(cap)
+    by_key, deletes = index_messages(cap)
     lines = [res.summary(limit=0)]
     for kind, ms in sorted(classes.items(), key=lambda kv: -len(kv[1])):
         lines.append(f"  {len(ms)} x {kind}\n    e.g. {ms[0]}")
-        lines += [f"      {r}" for r in raw_example(ms[0], by_key)]
+        lines += [f"      {r}" for r in raw_example(ms[0], by_key, deletes)]
     lines += [f"  problem: {p}" for p in res.problems]
     return "\n".join(lines)

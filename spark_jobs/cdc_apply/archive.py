@@ -1,4 +1,4 @@
-"""The archive: files of JSON lines (optionally gzip) written by a CDC sink.
+"""The archive: files of JSON lines (optionally gzip or zstd) written by a CDC sink.
 
 Layout and interval mapping
 ---------------------------
@@ -24,7 +24,7 @@ import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Iterable, Iterator, Mapping, Union
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Union
 
 from .model import RawMessage
 
@@ -35,7 +35,36 @@ _HOUR_PATTERNS = (
     re.compile(r"(?P<y>\d{4})/(?P<m>\d{2})/(?P<d>\d{2})/(?P<h>\d{2})(?:/|$)"),
     re.compile(r"dt=(?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})/hour=(?P<h>\d{2})(?:/|$)"),
 )
-SUFFIXES = (".json", ".jsonl", ".ndjson", ".json.gz", ".jsonl.gz", ".ndjson.gz", ".txt", ".txt.gz")
+_PLAIN = (".json", ".jsonl", ".ndjson", ".txt")
+SUFFIXES = tuple(p + c for c in ("", ".gz", ".zst") for p in _PLAIN)
+"""What the listing reads: JSON lines, plain, gzip or zstd (the compressions
+the sinks write: Kafka Connect's and CockroachDB's ``compression``)."""
+UNREAD_COMPRESSIONS = (".bz2", ".xz", ".lz4", ".snappy", ".sz", ".br", ".zip", ".deflate", ".zstd", ".lzo")
+"""A JSON-lines file compressed another way is refused loudly by the listing
+(``refuse_unread``): skipping a file a sink wrote would lose it."""
+
+
+def unread_compression(name: str) -> str | None:
+    """The compression suffix of a file named as JSON lines under a
+    compression the reader does not read (``x.ndjson.bz2`` -> ``.bz2``)."""
+    lower = name.lower()
+    for plain in _PLAIN:
+        i = lower.rfind(plain + ".")
+        if i >= 0 and lower[i + len(plain):] in UNREAD_COMPRESSIONS:
+            return lower[i + len(plain):]
+    return None
+
+
+def refuse_unread(path: str) -> None:
+    """Refuse (``UnreadableCompression``, terminal) a listed file whose
+    compression is not read: leaving it out would lose its changes without
+    a word, reading it would quarantine it as garbage."""
+    from .errors import UnreadableCompression
+
+    raise UnreadableCompression(
+        f"archive file {path} is compressed as {unread_compression(path.rsplit('/', 1)[-1])!r}, which is not read: "
+        "have the sink write plain, gzip (.gz) or zstd (.zst) files, or convert the file (nothing was applied)"
+    )
 
 
 @dataclass(frozen=True, order=True)
@@ -138,13 +167,18 @@ def list_files(root: str | Path, *, until: dt.datetime | None = None, since: dt.
         return []
     out = []
     for path in walk_files(root):
-        if not path.is_file() or not path.name.endswith(SUFFIXES) or path.name.startswith((".", "_")):
+        if not path.is_file() or path.name.startswith((".", "_")):
+            continue
+        readable = path.name.endswith(SUFFIXES)
+        if not readable and not unread_compression(path.name):
             continue
         hour = local_hour(path, root)
         if until is not None and hour >= until:
             continue
         if since is not None and hour < since:
             continue
+        if not readable:
+            refuse_unread(str(path))
         resolved, size = str(path.resolve()), path.stat().st_size
         out.append(ArchiveFile(hour=hour, path=resolved, size=size, sha256=known_sha256(known, resolved, size) or sha256_of(path)))
     return sorted(out)
@@ -165,6 +199,16 @@ def fingerprint(path: Path) -> ArchiveFile:
 CHUNK_BYTES = 1 << 20
 UTF8_BOM = b"\xef\xbb\xbf"
 GZIP_MAGIC = b"\x1f\x8b"  # gzip is recognised by its first two bytes, not by the file name
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # zstd likewise, by its frame magic number
+
+
+def compression_of(head: bytes) -> str | None:
+    """``'gzip'``, ``'zstd'`` or None (plain), from a file's first bytes."""
+    if head[:2] == GZIP_MAGIC:
+        return "gzip"
+    if head[:4] == ZSTD_MAGIC:
+        return "zstd"
+    return None
 
 
 def open_archive(path: str, s3: "S3Options | None" = None) -> BinaryIO:
@@ -185,7 +229,7 @@ def local_path(uri: str) -> str:
 
 @dataclass(frozen=True)
 class Piece:
-    """Bytes [start, end) of a plain (not gzip) file, cut at line starts, and
+    """Bytes [start, end) of a plain (not compressed) file, cut at line starts, and
     the number of its first line: a large file is decoded by several tasks."""
 
     start: int
@@ -196,13 +240,13 @@ class Piece:
 def plan_pieces(path: str, piece_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> list[Piece]:
     """Cut a local plain file into pieces of about ``piece_bytes``, each
     starting at a line start, numbered from the newlines before it: one pass
-    that only counts (no parsing).  ``[]`` for a gzip file, which cannot be
-    cut without decompressing it."""
+    that only counts (no parsing).  ``[]`` for a gzip or zstd file, which
+    cannot be cut without decompressing it."""
     cuts = [(0, 1)]  # (line start, its line number)
     newlines = pos = 0
     target = piece_bytes
     with open(local_path(path), "rb") as f:
-        if f.read(2) == GZIP_MAGIC:
+        if compression_of(f.read(4)):
             return []
         f.seek(0)
         while chunk := f.read(chunk_bytes):
@@ -221,17 +265,17 @@ def plan_pieces(path: str, piece_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> 
 
 
 Source = Union[bytes, Callable[[], BinaryIO]]
-"""A file's stored bytes, or a function opening them (gzip is read twice)."""
+"""A file's stored bytes, or a function opening them (a compressed file is read twice)."""
 _GZIP = 16 + zlib.MAX_WBITS
-_MEMBER_END = None  # marks a gzip member whose CRC and length checked out
+_MEMBER_END = None  # marks a gzip member / zstd frame whose checks came out right
 
 
 def iter_lines(path: str, source: Source, chunk_bytes: int = CHUNK_BYTES, piece: Piece | None = None) -> Iterator[RawMessage | tuple[int, str, str]]:
     """Split a file into messages, 1-based line numbers, reading it in chunks
     (memory holds a chunk and the line being read, never the whole file).
 
-    gzip is recognised by its magic bytes and checked in a first pass, because
-    gzip proves a member intact only at its end: a corrupt member yields none
+    gzip and zstd are recognised by their magic bytes and checked in a first
+    pass, because they prove a member (frame) intact only at its end: a corrupt member yields none
     of its lines (they may be garbage), a truncated stream yields the lines
     before the cut.  The unreadable rest is one ``(line, raw, reason)`` tuple,
     which the caller quarantines.  Lines that are not UTF-8 are reported the
@@ -245,17 +289,18 @@ def iter_lines(path: str, source: Source, chunk_bytes: int = CHUNK_BYTES, piece:
         return
     with open_stream() as stream:
         head = stream.read(chunk_bytes)
-        while 0 < len(head) < 2:  # the gzip magic needs two bytes; a read may return fewer
+        while 0 < len(head) < 4:  # the zstd magic needs four bytes; a read may return fewer
             more = stream.read(chunk_bytes)
             if not more:
                 break
             head += more
-        if head[:2] != GZIP_MAGIC:
+        codec = compression_of(head)
+        if codec is None:
             yield from _split(path, _chunks(head, stream, chunk_bytes))
             return
-        good, damage = _gzip_extent(_chunks(head, stream, chunk_bytes))
+        good, damage = _gzip_extent(_chunks(head, stream, chunk_bytes), codec)
     with open_stream() as stream:
-        yield from _split(path, _readable(_inflate(_chunks(stream.read(chunk_bytes), stream, chunk_bytes)), good), damage)
+        yield from _split(path, _readable(_inflate(_chunks(stream.read(chunk_bytes), stream, chunk_bytes), codec), good), damage)
 
 
 def _split(path: str, chunks: Iterable[bytes], damage: str | None = None, first_line: int = 1) -> Iterator[RawMessage | tuple[int, str, str]]:
@@ -314,11 +359,29 @@ class _Truncated(Exception):
     pass
 
 
-def _inflate(chunks: Iterable[bytes]) -> Iterator[bytes | None]:
-    """Decompressed blocks of a gzip stream (concatenated members too), and
-    ``_MEMBER_END`` after each member that checked out.  Raises ``zlib.error``
-    on corruption, ``_Truncated`` when the stream stops inside a member."""
-    d, fed = zlib.decompressobj(_GZIP), False
+def _decompressor(codec: str) -> Any:
+    if codec == "gzip":
+        return zlib.decompressobj(_GZIP)
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompressobj()
+
+
+def _damage_errors() -> tuple[type[Exception], ...]:
+    """What a corrupt gzip member or zstd frame raises."""
+    try:
+        import zstandard
+    except ImportError:  # pragma: no cover - pinned in requirements.txt
+        return (zlib.error,)
+    return (zlib.error, zstandard.ZstdError)
+
+
+def _inflate(chunks: Iterable[bytes], codec: str = "gzip") -> Iterator[bytes | None]:
+    """Decompressed blocks of a gzip or zstd stream (concatenated members /
+    frames too), and ``_MEMBER_END`` after each member that checked out.
+    Raises ``zlib.error`` / ``ZstdError`` on corruption, ``_Truncated`` when
+    the stream stops inside a member."""
+    d, fed = _decompressor(codec), False
     for chunk in chunks:
         data = chunk
         while data:
@@ -327,25 +390,25 @@ def _inflate(chunks: Iterable[bytes]) -> Iterator[bytes | None]:
             if not d.eof:
                 break
             yield _MEMBER_END
-            data, d, fed = d.unused_data, zlib.decompressobj(_GZIP), False
+            data, d, fed = d.unused_data, _decompressor(codec), False
     if fed:
         raise _Truncated
 
 
-def _gzip_extent(chunks: Iterable[bytes]) -> tuple[int | None, str | None]:
-    """(readable bytes, reason) of a damaged gzip stream, (None, None) if intact:
+def _gzip_extent(chunks: Iterable[bytes], codec: str = "gzip") -> tuple[int | None, str | None]:
+    """(readable bytes, reason) of a damaged gzip / zstd stream, (None, None) if intact:
     up to the cut of a truncated one, up to the start of a corrupt member."""
     total = verified = 0
     try:
-        for block in _inflate(chunks):
+        for block in _inflate(chunks, codec):
             if block is _MEMBER_END:
                 verified = total
             else:
                 total += len(block)
     except _Truncated:
-        return total, "truncated gzip file: the stream ends before its end marker"
-    except zlib.error as exc:
-        return verified, f"corrupt gzip file: {exc}"
+        return total, f"truncated {codec} file: the stream ends before its end marker"
+    except _damage_errors() as exc:
+        return verified, f"corrupt {codec} file: {exc}"
     return None, None
 
 
@@ -362,16 +425,21 @@ def _readable(blocks: Iterable[bytes | None], limit: int | None) -> Iterator[byt
             yield block
             if left == 0:
                 return
-    except (_Truncated, zlib.error):
+    except (_Truncated, *_damage_errors()):
         if limit is None:  # pragma: no cover - the first pass read the same bytes
             raise
 
 
-def write_jsonl(path: Path, lines: list[str], *, compress: bool = False) -> Path:
-    """Write an archive file (used by the demo, tests and the benchmark)."""
+def write_jsonl(path: Path, lines: list[str], *, compress: bool | str = False) -> Path:
+    """Write an archive file (used by the demo, tests and the benchmark);
+    ``compress``: True or ``'gzip'``, or ``'zstd'``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = ("\n".join(lines) + "\n").encode()
-    if compress:
+    if compress == "zstd":
+        import zstandard
+
+        path.write_bytes(zstandard.ZstdCompressor(write_checksum=True).compress(payload))
+    elif compress:
         path.write_bytes(gzip.compress(payload))
     else:
         path.write_bytes(payload)

@@ -45,3 +45,8 @@ class ArchiveUnreadable(CdcError):
 class ConcurrentApply(CdcError):
     """Another run is applying the same batch (its audit branch or commit won
     the race, Iceberg's optimistic concurrency): transient, retry later."""
+
+
+class UnreadableCompression(ConfigError):
+    """An archive file is compressed in a way the reader does not read (not
+    gzip or zstd): terminal, the sink's configuration must change."""

@@ -208,7 +208,7 @@ def list_object_files(root: str, *, since: dt.datetime | None = None, until: dt.
     ``known`` (see ``archive.list_files``)."""
     from pyarrow import fs as pafs
 
-    from .archive import SUFFIXES, ArchiveFile, hour_of, known_sha256
+    from .archive import SUFFIXES, ArchiveFile, hour_of, known_sha256, refuse_unread, unread_compression
 
     scheme, prefix = split_uri(root)
     filesystem = filesystem or s3_filesystem()
@@ -228,7 +228,8 @@ def list_object_files(root: str, *, since: dt.datetime | None = None, until: dt.
         if info.type != pafs.FileType.File:
             continue
         name = info.base_name
-        if not name.endswith(SUFFIXES) or name.startswith((".", "_")):
+        readable = name.endswith(SUFFIXES)
+        if (not readable and not unread_compression(name)) or name.startswith((".", "_")):
             continue
         relative = info.path[len(prefix):].lstrip("/")
         hour = hour_of(relative, info.mtime)
@@ -236,6 +237,8 @@ def list_object_files(root: str, *, since: dt.datetime | None = None, until: dt.
             continue
         if since is not None and hour < since:
             continue
+        if not readable:
+            refuse_unread(f"{scheme}://{info.path}")
         path, size = f"{scheme}://{info.path}", int(info.size)
         out.append(ArchiveFile(hour=hour, path=path, size=size, sha256=known_sha256(known, path, size) or sha256_of_object(filesystem, info.path)))
     return sorted(out)

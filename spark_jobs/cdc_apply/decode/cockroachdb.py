@@ -26,7 +26,7 @@ Shapes recognised, per archived line (``decode_message``):
 
 Table: from the message (``topic``, ``__crdb__.topic``, enriched ``source``),
 the archive wrapper, or the cloud-storage sink's file name
-``[date/[hour/]]<33-digit ts>-<uniquer>-<topic>-<schema id>.ndjson[.gz]``
+``[date/[hour/]]<33-digit ts>-<uniquer>-<topic>-<schema id>.ndjson[.gz|.zst]``
 (``cloud_storage_table``); all that are given must agree.
 
 Position (source option ``ordering: log``, the default): an HLC ``"<wall ns>.<10-digit logical>"`` (a trailing ``?`` marks a
@@ -834,7 +834,7 @@ def _resolve_position(parts: Parts, ordering: str, msg: RawMessage, index: int) 
 
 
 _CLOUD_STORAGE_NAME = re.compile(
-    r"^(?P<ts>\d{33})-(?P<uniquer>[0-9a-f]+-\d+-\d+-\d+)-(?P<topic>.+)-(?P<schema_id>\d+)\.ndjson(?:\.gz)?$"
+    r"^(?P<ts>\d{33})-(?P<uniquer>[0-9a-f]+-\d+-\d+-\d+)-(?P<topic>.+)-(?P<schema_id>\d+)\.ndjson(?:\.gz|\.zst)?$"
 )
 _DATE_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 

@@ -21,7 +21,29 @@ from typing import Any, ClassVar, Iterable, Iterator
 
 import orjson
 
-from ..model import DecodeError, Format, Outcome, Quarantined, RawMessage
+from ..model import INT_RANGES, DecodeError, Format, Outcome, Quarantined, RawMessage
+
+
+def check_json_type(spark_type: str, value: Any, column: str) -> None:
+    """For formats whose JSON carries numbers and booleans natively (Kafka
+    Connect's JsonConverter under Debezium, CockroachDB's changefeed JSON):
+    an integer column takes only a JSON integer, a boolean column only JSON
+    true / false.  Text (``"42"``, ``"t"``) or a fraction (``5.0``) there is
+    not what the source writes: refused, never coerced (apply-semantics §10).
+    Formats that send every value as text (SQL Server CES, Qlik) do not
+    call this."""
+    if spark_type in INT_RANGES:
+        if type(value) is not int:
+            raise DecodeError(f"column {column}: {spark_type} must be a JSON integer, got {value!r:.80}")
+    elif spark_type == "boolean" and type(value) is not bool:
+        raise DecodeError(f"column {column}: boolean must be JSON true or false, got {value!r:.80}")
+
+
+def json_int(value: Any, what: str) -> int:
+    """A JSON integer (a Connect INT32 / INT64 value: days, micros, ...); text is refused."""
+    if type(value) is not int:
+        raise DecodeError(f"{what} must be a JSON integer, got {value!r:.80}")
+    return value
 
 
 @dataclass

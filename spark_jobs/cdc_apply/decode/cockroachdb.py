@@ -112,7 +112,7 @@ from ..model import (
     decimal_type,
     pad_decimal,
 )
-from .base import Decoder, has_float
+from .base import Decoder, check_json_type, has_float
 from .debezium_common import as_int, canonical, check_identifier, json_text
 
 KEY_ONLY_REASON = (
@@ -318,6 +318,7 @@ def convert(spec: FieldSpec | None, value: Any) -> str | None:
         except decimal.InvalidOperation as exc:
             raise DecodeError(f"column {spec.name}: {value!r} is not a decimal") from exc
         return format(d, "f") if d.is_finite() else str(value).strip()
+    check_json_type(spec.spark_type, value, spec.name)
     try:
         return canonical(spec.spark_type, value)
     except DecodeError as exc:

@@ -71,7 +71,7 @@ from ..model import (
     decimal_type,
     timestamp_text,
 )
-from .base import Decoder, check_identifier, has_float
+from .base import Decoder, check_identifier, check_json_type, has_float, json_int
 
 PLACEHOLDER = "__debezium_unavailable_value"
 PLACEHOLDER_B64 = base64.b64encode(PLACEHOLDER.encode()).decode("ascii")  # 'X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=='
@@ -515,15 +515,15 @@ def convert_value(spec: FieldSpec | None, raw: Any, notes: list[str]) -> Any:
         d = _decimal_from_bytes(raw["value"], as_int(raw["scale"], f"column {col} scale"), col)
         return format(d, "f")
     if spec.kind == "date":
-        days = as_int(raw, f"column {col} (date)")
+        days = json_int(raw, f"column {col} (date)")
         try:
             return (_EPOCH + dt.timedelta(days=days)).date().isoformat()
         except OverflowError as exc:
             raise DecodeError(f"column {col}: date {days} days out of range") from exc
     if spec.kind == "time":
-        return _time_text(as_int(raw, f"column {col} (time)"), spec.units, col)
+        return _time_text(json_int(raw, f"column {col} (time)"), spec.units, col)
     if spec.kind == "timestamp":
-        n = as_int(raw, f"column {col} (timestamp)")
+        n = json_int(raw, f"column {col} (timestamp)")
         micros, sub = divmod(n * 1_000_000, spec.units)
         if sub:
             notes.append(f"{col}: sub-microsecond digits truncated")
@@ -542,6 +542,7 @@ def convert_value(spec: FieldSpec | None, raw: Any, notes: list[str]) -> Any:
         raise DecodeError(f"column {col}: string expected, got {raw!r}")
     if spec.spark_type in ("float", "double") and isinstance(raw, str) and raw not in ("NaN", "Infinity", "-Infinity"):
         raise DecodeError(f"column {col}: number expected, got {raw!r}")
+    check_json_type(spec.spark_type, raw, col)
     return canonical(spec.spark_type, raw)
 
 
@@ -1025,7 +1026,7 @@ class DebeziumDecoder(Decoder):
                 spec = key_specs.get(col) if key_specs is not None else None
                 if key_specs is not None and spec is None:
                     raise DecodeError(f"key column {col} is not declared in the key schema")
-                value = convert_value(spec, rec.key_payload[col], notes)
+                value = convert_value(spec, _key_digits(spec, rec.key_payload[col]), notes)
                 if value is NOT_PRESENT or value is None:
                     raise DecodeError(f"key column {col} has no value")
                 if col in image and image[col] != value:
@@ -1039,6 +1040,15 @@ class DebeziumDecoder(Decoder):
                     raise DecodeError(f"configured key column {col} has no value in the row image")
             return list(configured), image
         return [], image
+
+
+def _key_digits(spec: FieldSpec | None, raw: Any) -> Any:
+    """A Kafka key's integer field given as digit text (the PostgreSQL
+    connector spec's own key example writes an INT32 key as ``"1"``) is read
+    as the integer; a row value must be a JSON integer (``check_json_type``)."""
+    if type(raw) is str and spec is not None and spec.kind == "plain" and spec.spark_type in INT_RANGES and re.fullmatch(r"[+-]?[0-9]+", raw):
+        return int(raw)
+    return raw
 
 
 def snapshot_change_id(prefix: str, key: dict[str, str | None]) -> str:

@@ -379,6 +379,8 @@ def convert_declared(spec: FieldSpec, raw: Any, notes: list[str]) -> Any:
             f"column {col} is text in the table but the message holds {raw!r} (a time of day? declare it, "
             f"e.g. columns: {{{col}: io.debezium.time.MicroTime}})"
         )
+    if kind == "plain" and type(raw) is str:
+        raw = _spec_digits(spec, raw)
     return convert_value(spec, raw, notes)
 
 
@@ -1026,7 +1028,7 @@ class DebeziumDecoder(Decoder):
                 spec = key_specs.get(col) if key_specs is not None else None
                 if key_specs is not None and spec is None:
                     raise DecodeError(f"key column {col} is not declared in the key schema")
-                value = convert_value(spec, _key_digits(spec, rec.key_payload[col]), notes)
+                value = convert_value(spec, _spec_digits(spec, rec.key_payload[col]), notes)
                 if value is NOT_PRESENT or value is None:
                     raise DecodeError(f"key column {col} has no value")
                 if col in image and image[col] != value:
@@ -1042,10 +1044,12 @@ class DebeziumDecoder(Decoder):
         return [], image
 
 
-def _key_digits(spec: FieldSpec | None, raw: Any) -> Any:
-    """A Kafka key's integer field given as digit text (the PostgreSQL
-    connector spec's own key example writes an INT32 key as ``"1"``) is read
-    as the integer; a row value must be a JSON integer (``check_json_type``)."""
+def _spec_digits(spec: FieldSpec | None, raw: Any) -> Any:
+    """An integer given as digit text where the connector specs show it so
+    (the PostgreSQL spec's Kafka key example writes an INT32 key as ``"1"``,
+    the SQL Server spec's schemaless payloads ``"pk": "1"``) is read as the
+    integer; in a value typed by its own schema it must be a JSON integer
+    (``check_json_type``)."""
     if type(raw) is str and spec is not None and spec.kind == "plain" and spec.spark_type in INT_RANGES and re.fullmatch(r"[+-]?[0-9]+", raw):
         return int(raw)
     return raw

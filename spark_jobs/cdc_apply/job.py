@@ -12,6 +12,7 @@ marked applied for discovery) only when every table published.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import logging
@@ -224,21 +225,13 @@ def apply_decoded(
         events = decoded.where("status = 'event'")
         if table_filter:
             events = events.where(F.col("table_name").rlike(table_filter))
-        table_meta = (
-            events.groupBy("database", "schema_name", "table_name")
-            .agg(
-                F.collect_set("columns").alias("decl"),
-                F.collect_set("key_columns").alias("keys"),
-                F.count(F.lit(1)).alias("n"),
-                F.bool_and(F.col("op") == "t").alias("only_truncates"),
-                F.max(F.when(F.col("op") == "t", F.col("position"))).alias("max_truncate"),
-                F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
-                F.count(F.when((F.col("op") == "d") & F.col("change_id").isNotNull(), 1)).alias("keyed_deletes"),
-                F.count(F.when(F.array_contains("notes", UNTYPED_NOTE), 1)).alias("untyped"),
-            )
-            .collect()
-        )
+        table_meta = _table_meta(events)
+        aliases, ambiguous = _fuller_names(table_meta)
+        if aliases:  # one table under two names (rare): read as its fuller name, grouped again
+            events = _rename_tables(events, aliases)
+            table_meta = _table_meta(events)
         targets, refused, collisions = _targets(source, table_meta)
+        collisions.update(ambiguous)
         if refused:
             _refuse_tables(spark, settings, source, result, events, refused, dry_run)
         for meta in sorted(table_meta, key=lambda r: (r["table_name"], r["schema_name"] or "")):
@@ -249,6 +242,7 @@ def apply_decoded(
                 result.tables.append(TableResult(table=meta["table_name"], status="failed", message=f"ConfigError: {collisions[ident]}", terminal=True))
                 continue
             tr = _apply_table(spark, settings, source, batch_id, branch, files, events, meta, dry_run, state, held_files=set(result.held_files), target=targets[ident])
+            _count_keyless(result, tr)
             result.tables.append(tr)
         result.source_state = state
         result.fail_if_any()
@@ -273,6 +267,63 @@ def _refuse_config(source: SourceConfig, status_counts: dict[tuple[str, str], in
         raise ConfigError(f"source {source.name}: the configuration does not fit its messages: {lines}{more}")
 def _identity(meta: Any) -> str:
     return tables.source_identity(meta["database"], meta["schema_name"], meta["table_name"])
+
+
+def _table_meta(events: DataFrame) -> list:
+    """Per source table of the batch: declarations, keys and counts (one Spark job)."""
+    return (
+        events.groupBy("database", "schema_name", "table_name")
+        .agg(
+            F.collect_set("columns").alias("decl"),
+            F.collect_set("key_columns").alias("keys"),
+            F.count(F.lit(1)).alias("n"),
+            F.bool_and(F.col("op") == "t").alias("only_truncates"),
+            F.max(F.when(F.col("op") == "t", F.col("position"))).alias("max_truncate"),
+            F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
+            F.count(F.when((F.col("op") == "d") & F.col("change_id").isNotNull(), 1)).alias("keyed_deletes"),
+            F.count(F.when(F.array_contains("notes", UNTYPED_NOTE), 1)).alias("untyped"),
+        )
+        .collect()
+    )
+
+
+def _fuller_names(table_meta: list) -> tuple[dict[str, str], dict[str, str]]:
+    """Source tables named with less in some messages than in others (a
+    CockroachDB topic without ``full_table_name`` gives neither database nor
+    schema, an enriched ``source`` gives both): one table under two names.
+    Returns the identities to read as their fuller name (the one fuller
+    name of the batch they can be), and those that can be several tables
+    (identity -> why, naming them), which are refused."""
+    idents = {_identity(m) for m in table_meta}
+    aliases: dict[str, str] = {}
+    ambiguous: dict[str, str] = {}
+    for ident in sorted(idents):
+        fuller = [i for i in idents if i != ident and tables.same_table(ident, i) and tables.qualification(i) > tables.qualification(ident)]
+        if not fuller:
+            continue
+        best = max(fuller, key=tables.qualification)
+        if all(tables.same_table(best, i) for i in fuller) and sum(tables.qualification(i) == tables.qualification(best) for i in fuller) == 1:
+            aliases[ident] = best
+        else:
+            names = sorted(tables.describe_identity(i) for i in fuller)
+            ambiguous[ident] = (
+                f"source table {tables.describe_identity(ident)} is named without its database or schema in some messages and "
+                f"can be any of {names} of this batch: which one cannot be known; name tables fully in every message "
+                "(CockroachDB: WITH full_table_name, or enriched_properties=source)"
+            )
+    return aliases, ambiguous
+
+
+def _rename_tables(events: DataFrame, aliases: dict[str, str]) -> DataFrame:
+    """Events of a less qualified name carry the fuller name (``_fuller_names``)."""
+    db, schema = F.col("database"), F.col("schema_name")
+    for partial, full in aliases.items():
+        p_db, p_schema, table = json.loads(partial)
+        f_db, f_schema, _ = json.loads(full)
+        match = F.col("database").eqNullSafe(F.lit(p_db)) & F.col("schema_name").eqNullSafe(F.lit(p_schema)) & (F.col("table_name") == table)
+        db = F.when(match, F.lit(f_db)).otherwise(db)
+        schema = F.when(match, F.lit(f_schema)).otherwise(schema)
+    return events.withColumns({"database": db, "schema_name": schema})
 
 
 def _targets(source: SourceConfig, table_meta: list) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
@@ -444,7 +495,6 @@ def _apply_table(
     try:
         if meta["untyped"]:
             _refuse_untyped(spark, settings, source, meta, events)
-        spec = _table_spec(spark, settings, source, meta)
         spec = _table_spec(spark, settings, source, meta, target)
         if spec is None:
             # A truncate of a table we have never seen: nothing to remove, but
@@ -519,8 +569,20 @@ def _apply_table(
         folded = compact.fold_per_key(labelled, spec.key_columns).persist()
         try:
             counts, tr.position_min, tr.position_max, null_keys, key_ranges = compact.accounting(labelled, folded, spec.key_columns, len(spec.columns))
-            if null_keys:  # before anything is merged: the branch is reset by the next attempt
-                raise ConfigError(f"{spec.identifier}: {null_keys} event(s) carry no value for key column(s) {spec.key_columns}")
+            keyless = 0
+            if null_keys:  # rare: quarantine them, apply the rest (a missing key never blocks the source)
+                keyless = _quarantine_keyless(spark, settings, source, batch_id, spec, rows, key_types)
+                labelled.unpersist()
+                folded.unpersist()
+                prepared = prepared.where(~compact.null_key_filter(spec.key_columns))
+                labelled = compact.label_against_target(
+                    compact.label_duplicates(prepared, spec.key_columns), state, spec.key_columns, truncated_at, prune_state=prune
+                ).persist()
+                folded = compact.fold_per_key(labelled, spec.key_columns).persist()
+                counts, tr.position_min, tr.position_max, _, key_ranges = compact.accounting(labelled, folded, spec.key_columns, len(spec.columns))
+                counts["quarantined"] = keyless
+                if keyless > source.quarantine_max_share * n_events:
+                    tr.failed_expectations.append(f"null_key_share(max={source.quarantine_max_share}, got={keyless / n_events:.4f}, events={keyless})")
             counts["truncates"] = int(truncs["n"])
             if moved is not None:
                 counts["key_changes_inherited"] = moved.count()
@@ -563,6 +625,43 @@ def _apply_table(
         tr.message = concurrent_apply_message(exc, tr.table, batch_id, branch) or f"{type(exc).__name__}: {str(exc)[:2000]}"
         tr.terminal = False
     return tr
+
+
+def _quarantine_keyless(
+    spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str, spec: tables.TableSpec, rows: DataFrame, key_types: dict[str, str]
+) -> int:
+    """Quarantine the events of a table whose key has no value (absent or
+    NULL): the row they change cannot be known. Each with its file, line, the event as JSON and a reason
+    naming the table and key; the table applies the rest. Returns how many."""
+    missing = functools.reduce(lambda a, b: a | b, [compact.typed_value(compact.key_text(k), t).isNull() for k, t in key_types.items()])
+    types = ", ".join(f"{k} {t}" for k, t in key_types.items())
+    reason = f"null key: {spec.short}: the event has no value for key column(s) ({types}) (absent or NULL)"
+    raw = F.to_json(F.struct("database", "schema_name", "table_name", "op", "key_columns", "position", "after", "before"))
+    bad = rows.where(missing).select(
+        F.lit(batch_id).alias("batch_id"), F.lit(source.name).alias("source"), "file", "line", F.lit(reason).alias("reason"), raw.alias("raw"),
+        F.current_timestamp().alias("recorded_at"),
+    ).persist()
+    try:
+        n = bad.count()
+        ledger.ensure_audit_tables(settings)
+        target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
+        spark.sql(f"DELETE FROM {target} WHERE batch_id = {tables.sql_string(batch_id)} AND reason = {tables.sql_string(reason)}")  # a retry replaces
+        bad.writeTo(target).append()
+    finally:
+        bad.unpersist()
+    log.warning("batch %s: %d event(s) of %s quarantined: %s", batch_id, n, spec.identifier, reason)
+    return n
+
+
+def _count_keyless(result: BatchResult, tr: TableResult) -> None:
+    """A table's events quarantined for a missing key move from ``event`` to
+    ``quarantined`` in the batch's message accounting."""
+    n = (tr.counts or {}).get("quarantined", 0) if tr.status == "written" else 0
+    if n:
+        m = result.messages
+        m["event"] = m.get("event", 0) - n
+        m["quarantined"] = m.get("quarantined", 0) + n
+        m["quarantined:null-key"] = m.get("quarantined:null-key", 0) + n
 
 
 def _conflict_check(labelled: DataFrame, key_columns: list[str], n: int) -> str:

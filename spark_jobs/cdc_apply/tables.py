@@ -89,10 +89,29 @@ def describe_identity(identity: str) -> str:
     return ".".join(p for p in json.loads(identity) if p)
 
 
+def qualification(identity: str) -> int:
+    """How many of database and schema a source identity names."""
+    return sum(p is not None for p in json.loads(identity)[:2])
+
+
+def same_table(a: str, b: str) -> bool:
+    """Two source identities that can name one table: the same table name,
+    database and schema equal wherever both give them (a CockroachDB topic
+    without ``full_table_name`` gives neither)."""
+    pa, pb = json.loads(a), json.loads(b)
+    return pa[2] == pb[2] and all(x is None or y is None or x == y for x, y in zip(pa[:2], pb[:2]))
+
+
 def check_source_table(spark: SparkSession, identifier: str, identity: str, claim: bool = True) -> None:
     """Refuse (ConfigError) to write a source table into a target that holds
-    another one; a target from before this property is claimed (``claim``)."""
+    another one; a target from before this property is claimed (``claim``).
+    A less or more qualified name of the same table (``same_table``) is the
+    same source table: the fuller name is kept."""
     have = table_properties(spark, identifier).get(SOURCE_TABLE_PROPERTY)
+    if have is not None and have != identity and same_table(have, identity):
+        if claim and qualification(identity) > qualification(have):
+            spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({sql_string(SOURCE_TABLE_PROPERTY)}={sql_string(identity)})")
+        return
     if have is None and claim:
         spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({sql_string(SOURCE_TABLE_PROPERTY)}={sql_string(identity)})")
     elif have is not None and have != identity:

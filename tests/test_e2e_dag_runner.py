@@ -14,7 +14,7 @@ from decimal import Decimal
 
 import pytest
 
-from cdc_apply.submit import running_connect_server
+from tests.servers import running_connect_server
 from tests.airflow_env import airflow, airflow_env
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
@@ -65,7 +65,7 @@ def _orders_file(settings) -> None:
     import json
     from pathlib import Path
 
-    from cdc_apply.archive import write_jsonl
+    from cdc_apply.archive.files import write_jsonl
     from cdc_apply.demo import demo_changes
 
     lines = []

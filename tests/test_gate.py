@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from cdc_apply import ledger, merge
+from cdc_apply import ledger
+from cdc_apply.apply import branches, merge
 from cdc_apply.model import Quarantined
 from tests.apply_harness import apply_events, event, live_rows
 
@@ -55,7 +56,7 @@ def test_duplicate_key_in_branch_fails_keeps_main_and_branch_then_fix_publishes_
 
     def merge_and_corrupt(spark_, spec, branch, source, batch_id, key_ranges=None):
         real_merge(spark_, spec, branch, source, batch_id, key_ranges)
-        spark_.sql(f"INSERT INTO {merge.branch_ref(spec, branch)} SELECT * FROM {spec.identifier} VERSION AS OF '{branch}' WHERE id = 2")
+        spark_.sql(f"INSERT INTO {branches.branch_ref(spec, branch)} SELECT * FROM {spec.identifier} VERSION AS OF '{branch}' WHERE id = 2")
 
     monkeypatch.setattr(merge, "merge_changes", merge_and_corrupt)
     batch = [event("c", 2, {"name": "b", "amount": "2.00"}, pos=2)]
@@ -131,9 +132,9 @@ def test_force_override_publishes_a_failing_batch_and_records_it(spark, settings
 
 
 def test_skip_override_marks_files_applied_without_applying(spark, settings, ns):
-    from cdc_apply.archive import ArchiveFile
-    from cdc_apply.config import Settings, SourceConfig
-    from cdc_apply.job import batch_id_for, skip_batch
+    from cdc_apply.archive.files import ArchiveFile
+    from cdc_apply.config import SourceConfig
+    from cdc_apply.batch import batch_id_for, skip_batch
     from cdc_apply.results import BatchResult, Override
 
     apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
@@ -190,7 +191,7 @@ def test_reconciliation_names_what_is_wrong(spark, case):
     """Each reconciliation check on hand-made frames: main holds ids 1
     (position 03), 2 (04) and 3 (01), all live; the batch updates 1 and
     deletes 2, so 2 rows stay live."""
-    from cdc_apply import gate
+    from cdc_apply.apply import gate
 
     branch_rows, folded_rows, expected = RECONCILE_CASES[case]
     schema = "id int, _cdc_position string, _cdc_deleted boolean"

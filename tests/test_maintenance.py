@@ -44,7 +44,7 @@ def test_a_batch_waits_while_maintenance_holds_the_table(spark, settings):
     import os
 
     from cdc_apply.maintenance import lock_key
-    from cdc_apply.merge import MAINTENANCE_BRANCH
+    from cdc_apply.apply.merge import MAINTENANCE_BRANCH
 
     ns = "maint_3"
     apply_events(spark, settings, ns, [event("c", 1, {"name": "x", "amount": "1.00"}, pos=1)])

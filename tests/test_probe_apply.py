@@ -38,7 +38,7 @@ def _sources(tmp_path, monkeypatch, name: str, tables: str = "      customers: {
 
 
 def _file(folder: Path, hour: int, lines: list[str], name: str = "f.jsonl") -> Path:
-    from cdc_apply.archive import write_jsonl
+    from cdc_apply.archive.files import write_jsonl
 
     return write_jsonl(folder / f"2026/01/01/{hour:02d}" / name, lines)
 
@@ -120,7 +120,7 @@ class _Killed(BaseException):
 
 
 def _kill_at(monkeypatch, point: str) -> None:
-    from cdc_apply import tables
+    from cdc_apply.apply import tables
 
     def die(*_a, **_k):
         raise _Killed(point)
@@ -218,7 +218,7 @@ _MAINTAIN_AND_HANG = """
 import sys, time
 from cdc_apply import maintenance
 from cdc_apply.config import Settings
-from cdc_apply.spark_session import get_spark
+from cdc_apply.runtime.session import get_spark
 def hang(*a, **k):
     print("LOCKED", flush=True)
     time.sleep(600)
@@ -230,7 +230,7 @@ maintenance.maintain_table(get_spark(settings, app_name="cdc-maint-killed"), set
 
 def test_a_killed_maintenance_lock_is_recovered_by_apply_and_maintenance(spark, settings, tmp_path, monkeypatch, capsys, caplog):
     from cdc_apply import maintenance
-    from cdc_apply.merge import MAINTENANCE_BRANCH
+    from cdc_apply.apply.merge import MAINTENANCE_BRANCH
 
     _sources(tmp_path, monkeypatch, "maintkill")
     _file(tmp_path / "arch", 0, [_msg("public", "customers", 1, 100)])
@@ -268,7 +268,7 @@ def test_a_killed_maintenance_lock_is_recovered_by_apply_and_maintenance(spark, 
 
 def test_a_live_maintenance_lock_still_holds(spark, settings, tmp_path, monkeypatch, capsys):
     from cdc_apply import maintenance
-    from cdc_apply.merge import MAINTENANCE_BRANCH
+    from cdc_apply.apply.merge import MAINTENANCE_BRANCH
 
     _sources(tmp_path, monkeypatch, "maintlive")
     _file(tmp_path / "arch", 0, [_msg("public", "customers", 1, 100)])
@@ -290,7 +290,7 @@ def test_a_live_maintenance_lock_still_holds(spark, settings, tmp_path, monkeypa
 def test_hostile_key_names_are_stored_exactly_and_inject_nothing(spark, settings, key):
     from tests.apply_harness import apply_events
 
-    from cdc_apply import tables
+    from cdc_apply.apply import tables
     from cdc_apply.model import ChangeEvent, Column, Op
 
     ns = f"hostile_{abs(hash(key)) % 10_000}"

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from cdc_apply.results import reason_class
-from cdc_apply.tables import decode_key, encode_key, sql_string
+from cdc_apply.apply.tables import decode_key, encode_key, sql_string
 
 HOSTILE = st.one_of(
     st.sampled_from(["k', 'injected'='yes", "id,x", "a`b", "x;y", "a.b", "a b", "\\", "'", "\\'", "ключ", "é,'\\\"", "x" * 300]),

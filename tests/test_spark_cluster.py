@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from cdc_apply.submit import running_connect_server
+from tests.servers import running_connect_server
 from tests.airflow_env import VENV_BIN, airflow, airflow_env
 from tests.servers import free_port
 from tests.test_e2e_dag_runner import check_demo_table

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from cdc_apply.submit import running_connect_server
+from tests.servers import running_connect_server
 
 from tests.airflow_env import VENV_BIN, airflow_env
 from tests.servers import free_port

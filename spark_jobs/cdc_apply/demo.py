@@ -14,8 +14,9 @@ import json
 from decimal import Decimal
 from pathlib import Path
 
-from .archive import write_jsonl
-from .config import Settings, get_source
+from cdc_apply.archive.files import write_jsonl
+from cdc_apply.config import Settings, get_source
+from cdc_apply.status import Status
 
 _FIELDS = [
     {"type": "int32", "optional": False, "field": "id"},
@@ -130,8 +131,8 @@ def write_demo_archive(settings: Settings, source_name: str = "pg_inventory", st
 def main(argv: list[str] | None = None) -> int:
     import logging
 
-    from .job import run_batch
-    from .ledger import load_catalog
+    from cdc_apply.batch import run_batch
+    from cdc_apply.ledger import load_catalog
 
     p = argparse.ArgumentParser(description="CDC apply demo")
     p.add_argument("--source", default="pg_inventory")
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         print(" | ".join(str(r[c]) for c in cols))
     summary = table.current_snapshot().summary.additional_properties
     print(f"\nsnapshot summary: batch {summary.get('cdc.batch-id')}, files {len(json.loads(summary.get('cdc.files', '[]')))}, counts {summary.get('cdc.counts')}")
-    return 0 if result.status in ("complete", "nothing-to-do") else 1
+    return 0 if result.status in (Status.COMPLETE, Status.NOTHING_TO_DO) else 1
 
 
 if __name__ == "__main__":

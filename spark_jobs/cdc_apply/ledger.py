@@ -17,16 +17,17 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
-from .config import Settings
+from cdc_apply.config import Settings
+from cdc_apply.status import Status
 
 PREFIX = "cdc."
 BATCHES_TABLE = "batches"
 QUARANTINE_TABLE = "quarantine"
 # batch rows (table_name '*') whose files count as applied: 'skipped' is an
 # operator's explicit decision to never apply them (see results.Override)
-APPLIED_STATUSES = ("complete", "skipped")
+APPLIED_STATUSES = (Status.COMPLETE, Status.SKIPPED)
 AUDIT_BRANCH_PREFIX = "audit_"
 
 
@@ -151,7 +152,7 @@ def applied_file_records(settings: Settings, source: str, catalog=None) -> dict[
 
 
 def latest_decoder_state(settings: Settings, source: str, catalog=None) -> dict[str, Any]:
-    rows = [r for r in batch_rows(settings, source, catalog) if r["table_name"] == "*" and r["status"] == "complete" and r["decoder_state"]]
+    rows = [r for r in batch_rows(settings, source, catalog) if r["table_name"] == "*" and r["status"] == Status.COMPLETE and r["decoder_state"]]
     return json.loads(rows[-1]["decoder_state"]) if rows else {}
 
 
@@ -208,7 +209,7 @@ def record_batch(settings: Settings, result) -> None:
     ensure_audit_tables(settings, catalog)
     now = dt.datetime.now(dt.timezone.utc)
     started = dt.datetime.fromisoformat(result.started_at) if result.started_at else now
-    status = result.status if result.status in APPLIED_STATUSES else "failed"
+    status = result.status if result.status in APPLIED_STATUSES else Status.FAILED
     if _already_recorded(catalog, settings, result.batch_id, started, status):
         import logging
 
@@ -219,7 +220,7 @@ def record_batch(settings: Settings, result) -> None:
         rows.append(
             {
                 "batch_id": result.batch_id, "source": result.source, "table_name": t.table,
-                "status": "forced" if (t.override and t.status == "published") else t.status,
+                "status": Status.FORCED if (t.override and t.status == Status.PUBLISHED) else t.status,
                 "files": result.files, "position_min": t.position_min, "position_max": t.position_max,
                 "counts": list((t.counts or {}).items()), "failed_expectations": t.failed_expectations,
                 "branch": t.branch, "snapshot_id": t.snapshot_id, "message": t.override or t.message, "data_docs": t.data_docs,
@@ -233,7 +234,7 @@ def record_batch(settings: Settings, result) -> None:
             "files": [f for f in result.files if f["path"] not in held], "position_min": None, "position_max": None,
             "counts": list((result.messages or {}).items()), "failed_expectations": list(result.failed_checks),
             "branch": None, "snapshot_id": None, "message": result.message, "data_docs": None,
-            "decoder_state": json.dumps(result.source_state) if status == "complete" else None, "started_at": started, "ended_at": now,
+            "decoder_state": json.dumps(result.source_state) if status == Status.COMPLETE else None, "started_at": started, "ended_at": now,
         }
     )
     batches, _ = _arrow_schemas()
@@ -294,7 +295,7 @@ def fast_forward(catalog, identifier: str, branch: str, expected_head: int | Non
 
     from pyiceberg.table.snapshots import ancestors_of
 
-    from .errors import CdcError
+    from cdc_apply.errors import CdcError
 
     table = catalog.load_table(identifier)
     ref = table.metadata.refs.get(branch)
@@ -337,3 +338,18 @@ def drop_branches(settings: Settings, namespace: str, branch: str, catalog=None)
             table.manage_snapshots().remove_branch(branch).commit()
             dropped.append(ident)
     return dropped
+
+
+def not_yet_applied(files: list[Any], applied: Mapping[str, str], scope: str) -> list[Any]:
+    """The files (``ArchiveFile``s) not in ``applied`` (path -> SHA-256), in
+    order.  An applied file whose content changed since is refused, naming
+    it: archives are immutable, and applying it again would double changes."""
+    from cdc_apply.errors import AlreadyAppliedFileChanged
+
+    changed = [f.path for f in files if f.path in applied and applied[f.path] != f.sha256]
+    if changed:
+        raise AlreadyAppliedFileChanged(
+            f"{scope}: {len(changed)} already-applied file(s) changed on disk since they were applied: {changed[:5]}. "
+            "Archives are immutable: restore the original file, or move the new content to a new file name."
+        )
+    return [f for f in files if f.path not in applied]

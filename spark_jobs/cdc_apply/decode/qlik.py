@@ -90,7 +90,8 @@ from typing import Any
 
 import orjson
 
-from ..model import (
+from cdc_apply.decode.base import DecodeContext, Decoder, check_identifier, has_float
+from cdc_apply.model import (
     ChangeEvent,
     Column,
     DecodeError,
@@ -106,7 +107,6 @@ from ..model import (
     pad_decimal,
     parse_iso_datetime,
 )
-from .base import DecodeContext, Decoder, check_identifier, has_float
 
 MAGIC = "atMSG"
 STATE_KEY = "qlik"
@@ -423,6 +423,9 @@ class QlikDecoder(Decoder):
         return None
 
     def _decode_data(self, msg: RawMessage, body: dict[str, Any]) -> list[Outcome]:
+        """A data message to its changes.  Long because it reads headers, the
+        column mask and the before/after images in the order the Qlik spec
+        defines them, one check each."""
         headers = body.get("headers")
         if not isinstance(headers, dict):
             raise DecodeError("data message headers must be an object")

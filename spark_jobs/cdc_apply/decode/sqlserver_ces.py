@@ -100,7 +100,14 @@ from typing import Any, Iterable
 
 import orjson
 
-from ..model import (
+from cdc_apply.decode.base import (
+    DecodeContext,
+    Decoder,
+    check_identifier,
+    decode_all,
+    quarantine,
+)
+from cdc_apply.model import (
     ChangeEvent,
     Column,
     DecodeError,
@@ -117,7 +124,6 @@ from ..model import (
     pad_decimal,
     parse_iso_datetime,
 )
-from .base import DecodeContext, Decoder, check_identifier, decode_all, quarantine
 
 OPERATIONS = {"INS": Op.INSERT, "UPD": Op.UPDATE, "DEL": Op.DELETE}
 EVENT_TYPE_PREFIX = "com.microsoft.SQL.CES.DML."
@@ -414,7 +420,10 @@ class SqlServerCesDecoder(Decoder):
         return self.decode_event(env, data, msg)
 
     def decode_event(self, env: dict[str, Any], data_text: str, msg: RawMessage) -> list[Outcome]:
-        """Decode one (possibly reassembled) event whose ``data`` is ``data_text``."""
+        """Decode one (possibly reassembled) event whose ``data`` is ``data_text``.
+
+        Long because it checks the CloudEvents attributes in the order the
+        spec lists them, one check each."""
         _str_attr(env, "specversion")
         if not str(env["specversion"]).startswith("1."):
             raise DecodeError(f"unsupported CloudEvents specversion {env['specversion']!r}")

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from .compact import quote
-from .config import validate_identifier
-from .errors import ConfigError, SchemaIncompatible
+from cdc_apply.apply.compact import quote
+from cdc_apply.config import validate_identifier
+from cdc_apply.errors import ConfigError, SchemaIncompatible
 
 META_COLUMNS = {
     "_cdc_position": "string",

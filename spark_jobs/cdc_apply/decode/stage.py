@@ -26,10 +26,25 @@ from typing import Iterable, Iterator, Sequence, TypeVar
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from .archive import Piece, Source, iter_lines, local_path, open_archive, plan_pieces
-from .decode import DecodeContext, Decoder, make_decoder
-from .model import ChangeEvent, Held, Op, Outcome, Quarantined, RawMessage, Skipped
-from .storage import S3Options, is_object_store_uri
+from cdc_apply.archive.lines import (
+    Piece,
+    Source,
+    iter_lines,
+    local_path,
+    open_archive,
+    plan_pieces,
+)
+from cdc_apply.config import S3Options, is_object_store_uri
+from cdc_apply.decode import DecodeContext, Decoder, make_decoder
+from cdc_apply.model import (
+    ChangeEvent,
+    Held,
+    Op,
+    Outcome,
+    Quarantined,
+    RawMessage,
+    Skipped,
+)
 
 # One row per outcome.  ``columns`` (an event's declared columns) is given on
 # the first event of each table's declaration in an Arrow batch and null on
@@ -220,7 +235,7 @@ def parallelism(spark: SparkSession) -> int:
     """Task slots to plan the decode for: the driver's default parallelism.
     A Spark Connect client has no SparkContext to ask, so it counts the
     partitions of ``range`` (which the server splits by that parallelism)."""
-    from .spark_session import is_remote
+    from cdc_apply.runtime.session import is_remote
 
     if not is_remote(spark):
         return spark.sparkContext.defaultParallelism

@@ -27,11 +27,10 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from .compact import META_POS, quote
-from .config import PROJECT_ROOT, Settings
+from cdc_apply.apply.compact import META_POS, quote
+from cdc_apply.config import Settings
 
 log = logging.getLogger(__name__)
-EXPECTATIONS_DIR = PROJECT_ROOT / "include" / "expectations"
 
 
 @dataclass
@@ -57,12 +56,11 @@ def generated_expectations(key_columns: list[str]):
     return out
 
 
-def user_suite_path(identifier: str) -> Path:
+def user_suite_path(settings: Settings, identifier: str) -> Path:
     """``<CDC_EXPECTATIONS_DIR or include/expectations>/<namespace>.<table>.json``."""
-    import os
 
     ns_table = identifier.split(".", 1)[1]
-    return Path(os.environ.get("CDC_EXPECTATIONS_DIR") or str(EXPECTATIONS_DIR)) / f"{ns_table}.json"
+    return settings.expectations_dir / f"{ns_table}.json"
 
 
 def _expectation_name(result) -> str:
@@ -78,7 +76,11 @@ _POPULATION_MAP_EXPECTATIONS = {"expect_column_values_to_be_unique", "expect_com
 def is_row_wise(expectation_type: str) -> bool:
     """Whether an expectation judges each row on its own (so checking only the
     rows a batch wrote is enough)."""
-    from great_expectations.expectations.expectation import ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation
+    from great_expectations.expectations.expectation import (
+        ColumnMapExpectation,
+        ColumnPairMapExpectation,
+        MulticolumnMapExpectation,
+    )
     from great_expectations.expectations.registry import get_expectation_impl
 
     if expectation_type in _POPULATION_MAP_EXPECTATIONS:
@@ -92,7 +94,9 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
     row-wise expectations on the rows this batch wrote, the user suite's
     table-wide expectations on the whole branch."""
     import great_expectations as gx
-    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+    from great_expectations.expectations.expectation_configuration import (
+        ExpectationConfiguration,
+    )
 
     table = identifier.split(".")[-1]
     root = settings.home / "data_docs" / batch_id / identifier.replace(".", "_")
@@ -108,7 +112,7 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
     table_suite = gx.ExpectationSuite(name=f"{table}_whole_table")
     for e in generated_expectations(key_columns):
         rows_suite.add_expectation(e)
-    user = user_suite_path(identifier)
+    user = user_suite_path(settings, identifier)
     if user.exists():
         spec = json.loads(user.read_text())
         for e in spec.get("expectations", []):

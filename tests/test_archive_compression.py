@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from cdc_apply import archive
+from cdc_apply.archive import files, lines, listing
 from cdc_apply.decode.cockroachdb import cloud_storage_table
 from cdc_apply.errors import TerminalError, UnreadableCompression
+from cdc_apply.model import RawMessage
 
 LINES = [f'{{"n":{i},"pad":"{"x" * (i % 7)}"}}' for i in range(1, 301)]
 
@@ -24,12 +25,12 @@ def _zstd(lines: list[str], frames: int = 1) -> bytes:
     return b"".join(c.compress(("\n".join(lines[a:b]) + "\n").encode()) for a, b in zip(cut, cut[1:]))
 
 
-def _read(data: bytes, chunk: int = archive.CHUNK_BYTES) -> list:
-    return [(m.line, m.text) if isinstance(m, archive.RawMessage) else m for m in archive.iter_lines("f.ndjson.zst", data, chunk_bytes=chunk)]
+def _read(data: bytes, chunk: int = lines.CHUNK_BYTES) -> list:
+    return [(m.line, m.text) if isinstance(m, RawMessage) else m for m in lines.iter_lines("f.ndjson.zst", data, chunk_bytes=chunk)]
 
 
 @pytest.mark.parametrize("frames", [1, 3])
-@pytest.mark.parametrize("chunk", [7, archive.CHUNK_BYTES])
+@pytest.mark.parametrize("chunk", [7, lines.CHUNK_BYTES])
 def test_zstd_lines_equal_the_plain_lines(frames, chunk):
     assert _read(_zstd(LINES, frames), chunk) == [(i, t) for i, t in enumerate(LINES, 1)]
 
@@ -51,28 +52,28 @@ def test_corrupt_zstd_frame_yields_none_of_its_lines():
 
 
 def test_zstd_files_are_not_cut_into_pieces(tmp_path):
-    path = archive.write_jsonl(tmp_path / "f.ndjson.zst", LINES, compress="zstd")
-    assert archive.plan_pieces(str(path), piece_bytes=64) == []
-    assert [m.text for m in archive.iter_lines(str(path), path.read_bytes())] == LINES
+    path = files.write_jsonl(tmp_path / "f.ndjson.zst", LINES, compress="zstd")
+    assert lines.plan_pieces(str(path), piece_bytes=64) == []
+    assert [m.text for m in lines.iter_lines(str(path), path.read_bytes())] == LINES
 
 
 def _archive(root: Path) -> set[str]:
     """A cloud-storage sink's hour with zstd, gzip and plain files."""
     names = {"2026/01/01/00/a.ndjson.zst": "zstd", "2026/01/01/00/b.jsonl.zst": "zstd", "2026/01/01/00/c.ndjson.gz": True, "2026/01/01/00/d.ndjson": False}
     for name, how in names.items():
-        archive.write_jsonl(root / name, ['{"x":1}'], compress=how)
+        files.write_jsonl(root / name, ['{"x":1}'], compress=how)
     return {str((root / n).resolve()) for n in names}
 
 
 def test_zstd_files_are_listed(tmp_path):
     expected = _archive(tmp_path / "src")
-    assert {f.path for f in archive.list_files(tmp_path / "src")} == expected
+    assert {f.path for f in listing.list_files(tmp_path / "src")} == expected
 
 
 def test_zstd_objects_are_listed_on_the_object_store(tmp_path):
     from pyarrow import fs as pafs
 
-    from cdc_apply.storage import list_object_files
+    from cdc_apply.archive.object_store import list_object_files
 
     expected = _archive(tmp_path / "bucket" / "src")
     store = pafs.SubTreeFileSystem("/", pafs.LocalFileSystem())
@@ -86,7 +87,7 @@ def test_a_file_under_a_compression_not_read_is_refused_naming_it(tmp_path, name
     bad = tmp_path / "src/2026/01/01/00" / name
     bad.write_bytes(b"\x00\x01 not read")
     with pytest.raises(UnreadableCompression) as info:
-        archive.list_files(tmp_path / "src")
+        listing.list_files(tmp_path / "src")
     assert str(bad.resolve()) in str(info.value) and "gzip (.gz) or zstd (.zst)" in str(info.value)
     assert isinstance(info.value, TerminalError)  # the sink's configuration must change: no retry loop
 
@@ -97,14 +98,14 @@ def test_a_refused_compression_outside_the_listed_hours_does_not_block(tmp_path)
     _archive(tmp_path / "src")
     (tmp_path / "src/2026/01/01/05").mkdir(parents=True)
     (tmp_path / "src/2026/01/01/05/late.ndjson.bz2").write_bytes(b"x")
-    assert len(archive.list_files(tmp_path / "src", until=dt.datetime(2026, 1, 1, 1, tzinfo=dt.timezone.utc))) == 4
+    assert len(listing.list_files(tmp_path / "src", until=dt.datetime(2026, 1, 1, 1, tzinfo=dt.timezone.utc))) == 4
 
 
 def test_other_files_are_still_not_archive_files(tmp_path):
     _archive(tmp_path / "src")
     for name in ("README.md", "x.parquet", "_SUCCESS", ".tmp.ndjson.bz2", "schema.avsc", "2026.zst"):
         (tmp_path / "src/2026/01/01/00" / name).write_bytes(b"x")
-    assert len(archive.list_files(tmp_path / "src")) == 4
+    assert len(listing.list_files(tmp_path / "src")) == 4
 
 
 def test_the_cloud_storage_file_name_names_the_table_under_zstd():

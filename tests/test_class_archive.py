@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_apply import class_archive as ca
+from cdc_apply.runtime import class_archive as ca
 
 OPTS = "-XX:TieredStopAtLevel=1"
 KEY = ca.JAVA_OPTIONS

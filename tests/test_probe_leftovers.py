@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc_apply.archive import write_jsonl
+from cdc_apply.archive.files import write_jsonl
 from cdc_apply.config import Settings
-from cdc_apply.job import run_batch
+from cdc_apply.batch import run_batch
 from tests.apply_harness import apply_events, event, live_rows
 from tests.test_cockroachdb_envelopes_apply import example, kafka
 

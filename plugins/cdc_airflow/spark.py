@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 APPLICATION = str(PROJECT_ROOT / "spark_jobs" / "apply_batch.py")
@@ -51,16 +51,15 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
             if remote:
                 self._run_on_spark_connect(remote)
             else:
-                from cdc_apply.submit import job_conf, submit_settings
+                from cdc_apply.config import Settings
+                from cdc_apply.runtime.submit import submit_spec
 
-                s = submit_settings()
-                self.jars = s["jars"]
-                self.py_files = s["py_files"]
-                self.env_vars = {**s["env"], **(self.env_vars or {})}
                 own_conf = dict(self.conf or {})
-                # The task's own conf wins; Java options of its own mean no class archive.
-                s = {**s, "conf": {**s["conf"], **own_conf}}
-                with job_conf(s) as conf:  # the driver's class archive (cdc_apply/class_archive.py)
+                spec = submit_spec(Settings.from_env(), os.environ).with_conf(own_conf)
+                self.jars = ",".join(spec.jars)
+                self.py_files = spec.py_files
+                self.env_vars = {**spec.env, **(self.env_vars or {})}
+                with spec.job_conf() as conf:  # the driver's class archive (cdc_apply/runtime/class_archive.py)
                     self.conf = conf
                     try:
                         super().execute(context)
@@ -93,19 +92,16 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
         """Run the job in this task's process as a client of the Spark Connect
         server: no JVM to start, the server's is warm.  Same arguments, exit
         codes and result file as the spark-submit job."""
+        import dataclasses
+
         from airflow.sdk.exceptions import AirflowException
+
         from cdc_apply.cli import main
+        from cdc_apply.config import Settings
 
         self.log.info("running %s on the Spark Connect server %s", " ".join(self.application_args), url.split(";")[0])
-        saved = os.environ.get("CDC_SPARK_REMOTE")
-        os.environ["CDC_SPARK_REMOTE"] = url
-        try:
-            code = main([str(a) for a in self.application_args])  # releases its session on the server
-        finally:
-            if saved is None:
-                os.environ.pop("CDC_SPARK_REMOTE", None)
-            else:
-                os.environ["CDC_SPARK_REMOTE"] = saved
+        settings = dataclasses.replace(Settings.from_env(), spark_remote=url)
+        code = main([str(a) for a in self.application_args], settings)  # releases its session on the server
         if code != 0:
             raise AirflowException(f"the CDC job exited {code} on the Spark Connect server")
 

@@ -20,8 +20,10 @@ import os
 import sys
 from pathlib import Path
 
-from .config import Settings, get_source, load_sources
-from .errors import CdcError, TerminalError
+from cdc_apply.config import Settings, get_source, load_sources
+from cdc_apply.errors import CdcError, TerminalError
+from cdc_apply.results import BatchResult
+from cdc_apply.status import Status
 
 EXIT_TERMINAL = 2
 
@@ -33,34 +35,40 @@ def _ts(text: str | None) -> dt.datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
-def _emit(result, result_file: str | None, next_status: str | None = None) -> int:
+def _emit(result: BatchResult, result_file: str | None, next_status: str | None = None) -> int:
     """Exit 0 while some table can go on to the next stage (``next_status``),
     so one table's failure does not stop the others; the last stage reports it."""
-    from .results import save_result
+    from cdc_apply.results import save_result
 
     print(result.to_json())
     if result_file:
         save_result(result_file, result)
-    if result.status == "failed" and not (next_status and result.pending(next_status)):
+    if result.status == Status.FAILED and not (next_status and result.pending(next_status)):
         return EXIT_TERMINAL if result.terminal else 1
     return 0
 
 
-def _emit_table(result, result_file: str, table: str) -> int:
+def _emit_table(result: BatchResult, result_file: str, table: str) -> int:
     """A per-table stage (the DAG maps them): its own file, its own exit code."""
-    from .results import save_table_result
+    from cdc_apply.results import save_table_result
 
     tr = result.table(table)
     print(json.dumps({"batch_id": result.batch_id, **tr.__dict__}, default=str, indent=2))
     save_table_result(result_file, tr)
-    if tr.status == "failed":
+    if tr.status == Status.FAILED:
         return EXIT_TERMINAL if tr.terminal else 1
     return 0
 
 
 def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
-    from .job import finish_batch, pending_files, publish_batch, run_batch, validate_batch
-    from .results import Override, load_result
+    from cdc_apply.batch import (
+        finish_batch,
+        pending_files,
+        publish_batch,
+        run_batch,
+        validate_batch,
+    )
+    from cdc_apply.results import Override, load_result
 
     if args.stage in ("validate", "publish", "finish"):
         if not args.result_file:
@@ -75,14 +83,14 @@ def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
             return _emit_table(result, args.result_file, args.table)
         if args.stage in ("publish", "finish"):
             finish_batch(settings, result)
-        return _emit(result, args.result_file, "validated" if args.stage == "validate" else None)
+        return _emit(result, args.result_file, Status.VALIDATED if args.stage == "validate" else None)
     if not args.source:
         print("error: --source is required", file=sys.stderr)
         return EXIT_TERMINAL
     source = get_source(settings, args.source)
     override = Override.parse(args.override, args.override_reason, args.override_operator)
     if args.files_from:
-        from .archive import read_manifest
+        from cdc_apply.archive.files import read_manifest
 
         files = read_manifest(args.files_from)
     else:  # --dir: the same rules as the source's own archive folder
@@ -91,11 +99,11 @@ def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
     result = run_batch(
         settings, source.name, files, dry_run=args.dry_run, table_filter=args.table_filter, max_files=args.max_files, stages=stages, override=override
     )
-    return _emit(result, args.result_file, "written" if args.stage == "write" else None)
+    return _emit(result, args.result_file, Status.WRITTEN if args.stage == "write" else None)
 
 
 def cmd_pending(args: argparse.Namespace, settings: Settings) -> int:
-    from .job import pending_files
+    from cdc_apply.batch import pending_files
 
     source = get_source(settings, args.source)
     for f in pending_files(settings, source, since=_ts(args.since), until=_ts(args.until)):
@@ -105,9 +113,10 @@ def cmd_pending(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     """Per table: last batch, last position, live rows, tombstones, snapshot."""
-    from . import ledger
+    from cdc_apply import ledger
 
-    catalog = ledger.load_catalog(settings)
+    led = ledger.Ledger(settings)
+    catalog = led.catalog
     sources = [get_source(settings, args.source)] if args.source else list(load_sources(settings).values())
     out = []
     for src in sources:
@@ -118,7 +127,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         if args.table:
             idents = [i for i in idents if i == args.table or i.endswith("." + args.table)]
         for ident in sorted(idents):
-            led = ledger.read_table_ledger(settings, ident, catalog)
+            tled = led.table_ledger(ident)
             table = catalog.load_table(ident)
             deleted = table.scan(selected_fields=("_cdc_deleted",)).to_arrow().column("_cdc_deleted").to_pylist()
             out.append(
@@ -127,11 +136,11 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                     "table": ident,
                     "rows": sum(1 for d in deleted if not d),
                     "tombstones": sum(1 for d in deleted if d),
-                    "last_batch": led.last_batch if led else None,
-                    "last_position": led.last_position if led else None,
-                    "last_applied_at": led.last_applied_at if led else None,
-                    "batches": len(led.batches) if led else 0,
-                    "snapshot_id": led.snapshot_id if led else None,
+                    "last_batch": tled.last_batch if tled else None,
+                    "last_position": tled.last_position if tled else None,
+                    "last_applied_at": tled.last_applied_at if tled else None,
+                    "batches": len(tled.batches) if tled else 0,
+                    "snapshot_id": tled.snapshot_id if tled else None,
                 }
             )
     print(json.dumps(out, indent=2, default=str))
@@ -139,8 +148,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
-    from .maintenance import Retention, maintain_audit, maintain_source
-    from .spark_session import get_spark
+    from cdc_apply.maintenance import Retention, maintain_audit, maintain_source
+    from cdc_apply.runtime.session import get_spark
 
     spark = get_spark(settings, app_name="cdc-maintenance")
     retention = Retention.from_env(args.snapshot_retention_days, args.tombstone_retention_days)
@@ -154,7 +163,7 @@ def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_connect_server(args: argparse.Namespace, settings: Settings) -> int:
     """Run a Spark Connect server in the foreground (exec of spark-submit):
     the long-lived driver that jobs attach to with CDC_SPARK_REMOTE."""
-    from .submit import connect_server_command, connect_server_env
+    from cdc_apply.runtime.submit import connect_server_command, connect_server_env
 
     cmd = connect_server_command(settings, host=args.host, port=args.port)
     print(f"Spark Connect server on {args.host}:{args.port} (master {settings.spark_master}); "
@@ -218,12 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:
+    """Run one command; ``settings`` default to the environment's (the Airflow
+    operator passes its own, e.g. with the Spark Connect server's URL)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    settings = None
     try:
-        settings = Settings.from_env()
+        settings = settings or Settings.from_env()
         return args.func(args, settings)
     except TerminalError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -233,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if settings is not None and settings.spark_remote:
-            from .spark_session import stop_remote_session
+            from cdc_apply.runtime.session import stop_remote_session
 
             stop_remote_session()
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Iterable, Iterator
 
 import orjson
 
-from ..model import INT_RANGES, DecodeError, Format, Outcome, Quarantined, RawMessage
+from cdc_apply.model import INT_RANGES, DecodeError, Format, Outcome, Quarantined, RawMessage
 
 
 def check_json_type(spark_type: str, value: Any, column: str) -> None:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from .config import spark_home
+from cdc_apply.config import spark_home
 
 STALE_LOCK_SECONDS = 3600
 """a lock older than this was left by a job that did not finish: taken over"""

@@ -255,7 +255,7 @@ def _quarantine_keyless(work: TableWork, spec: tables.TableSpec, rows: DataFrame
     ).persist()
     try:
         n = bad.count()
-        ledger.ensure_audit_tables(work.settings)
+        ledger.Ledger(work.settings).ensure_audit_tables()
         target = f"{work.settings.catalog_name}.{work.settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
         work.spark.sql(f"DELETE FROM {target} WHERE batch_id = {tables.sql_string(work.batch_id)} AND reason = {tables.sql_string(reason)}")  # a retry replaces
         bad.writeTo(target).append()

@@ -99,7 +99,7 @@ def same_table(a: str, b: str) -> bool:
     database and schema equal wherever both give them (a CockroachDB topic
     without ``full_table_name`` gives neither)."""
     pa, pb = json.loads(a), json.loads(b)
-    return pa[2] == pb[2] and all(x is None or y is None or x == y for x, y in zip(pa[:2], pb[:2]))
+    return pa[2] == pb[2] and all(x is None or y is None or x == y for x, y in zip(pa[:2], pb[:2], strict=True))
 
 
 def check_source_table(spark: SparkSession, identifier: str, identity: str, claim: bool = True) -> None:

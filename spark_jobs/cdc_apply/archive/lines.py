@@ -196,6 +196,11 @@ def _damage_errors() -> tuple[type[Exception], ...]:
     return (zlib.error, zstandard.ZstdError)
 
 
+def _stream_errors() -> tuple[type[Exception], ...]:
+    """A stream cut short, or what a corrupt member raises."""
+    return (_Truncated, *_damage_errors())
+
+
 def _inflate(chunks: Iterable[bytes], codec: str = "gzip") -> Iterator[bytes | None]:
     """Decompressed blocks of a gzip or zstd stream (concatenated members /
     frames too), and ``_MEMBER_END`` after each member that checked out.
@@ -245,6 +250,6 @@ def _readable(blocks: Iterable[bytes | None], limit: int | None) -> Iterator[byt
             yield block
             if left == 0:
                 return
-    except (_Truncated, *_damage_errors()):
+    except _stream_errors():
         if limit is None:  # pragma: no cover - the first pass read the same bytes
             raise

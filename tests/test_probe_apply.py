@@ -230,7 +230,7 @@ maintenance.maintain_table(get_spark(settings, app_name="cdc-maint-killed"), set
 
 def test_a_killed_maintenance_lock_is_recovered_by_apply_and_maintenance(spark, settings, tmp_path, monkeypatch, capsys, caplog):
     from cdc_apply import maintenance
-    from cdc_apply.apply.merge import MAINTENANCE_BRANCH
+    from cdc_apply.apply.maintenance_lock import LOCK_PREFIX, MAINTENANCE_BRANCH
 
     _sources(tmp_path, monkeypatch, "maintkill")
     _file(tmp_path / "arch", 0, [_msg("public", "customers", 1, 100)])
@@ -249,7 +249,7 @@ def test_a_killed_maintenance_lock_is_recovered_by_apply_and_maintenance(spark, 
     refs = {r["name"] for r in spark.sql(f"SELECT name FROM {ident}.refs").collect()}
     assert MAINTENANCE_BRANCH in refs  # the kill left the lock
     props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {ident}").collect()}
-    assert any(k.startswith(maintenance.LOCK_PREFIX) and k.endswith(f":{proc.pid}") for k in props)
+    assert any(k.startswith(LOCK_PREFIX) and k.endswith(f":{proc.pid}") for k in props)
 
     # a later maintenance recovers it (loudly) instead of skipping the table for ever
     with caplog.at_level("ERROR"):
@@ -268,13 +268,13 @@ def test_a_killed_maintenance_lock_is_recovered_by_apply_and_maintenance(spark, 
 
 def test_a_live_maintenance_lock_still_holds(spark, settings, tmp_path, monkeypatch, capsys):
     from cdc_apply import maintenance
-    from cdc_apply.apply.merge import MAINTENANCE_BRANCH
+    from cdc_apply.apply.maintenance_lock import MAINTENANCE_BRANCH, lock_key
 
     _sources(tmp_path, monkeypatch, "maintlive")
     _file(tmp_path / "arch", 0, [_msg("public", "customers", 1, 100)])
     assert _apply(capsys, "--source", "maintlive", "--dir", str(tmp_path / "arch"))[0] == 0
     ident = f"{settings.catalog_name}.maintlive.customers"
-    live_owner = maintenance.lock_key(pid=os.getppid())  # a live process of this host
+    live_owner = lock_key(pid=os.getppid())  # a live process of this host
     spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('{live_owner}'='{{\"expires_at\": \"2999-01-01T00:00:00+00:00\"}}')")
     spark.sql(f"ALTER TABLE {ident} CREATE BRANCH {MAINTENANCE_BRANCH}")
     _file(tmp_path / "arch", 1, [_msg("public", "customers", 2, 200)])

@@ -3,6 +3,7 @@ reconciliation. Failing data never reaches main."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
@@ -81,8 +82,8 @@ def test_duplicate_key_in_branch_fails_keeps_main_and_branch_then_fix_publishes_
     assert refs(spark, settings, ns) == {"main"}
 
 
-def test_user_suite_violation_fails_the_batch(spark, settings, ns, tmp_path, monkeypatch):
-    monkeypatch.setenv("CDC_EXPECTATIONS_DIR", str(tmp_path))
+def test_user_suite_violation_fails_the_batch(spark, settings, ns, tmp_path):
+    settings = dataclasses.replace(settings, expectations_dir=tmp_path)
     (tmp_path / f"{ns}.items.json").write_text(
         json.dumps({"expectations": [{"type": "expect_column_values_to_be_between", "kwargs": {"column": "amount", "min_value": 0}}]})
     )
@@ -109,7 +110,7 @@ def test_quarantine_share_over_limit_fails_before_any_write(spark, settings, ns)
 def test_force_override_publishes_a_failing_batch_and_records_it(spark, settings, ns, tmp_path, monkeypatch):
     from cdc_apply.results import Override
 
-    monkeypatch.setenv("CDC_EXPECTATIONS_DIR", str(tmp_path))
+    settings = dataclasses.replace(settings, expectations_dir=tmp_path)
     (tmp_path / f"{ns}.items.json").write_text(
         json.dumps({"expectations": [{"type": "expect_column_values_to_be_between", "kwargs": {"column": "amount", "min_value": 0}}]})
     )

@@ -431,11 +431,14 @@ def _payload_file(path: str) -> tuple[int, int]:
     """The typed payload decode alone (the decode fast path's msgspec Structs,
     ``decode/fast_debezium.py``) of every line, from the read buffer: the
     first line of the schema is learnt through the exact decoder."""
-    from cdc_apply.decode import DecodeContext, fast_debezium as fd, make_decoder
+    import functools
+
+    from cdc_apply.decode import DecodeContext, make_decoder
+    from cdc_apply.decode import fast_debezium as fd
 
     fast = fd.FastPostgres(make_decoder("debezium_postgres", DecodeContext()))
     n = 0
-    for buf, number, start, end in fd.spans(path, lambda: open(path, "rb"), None):
+    for buf, number, start, end in fd.spans(path, functools.partial(Path(path).open, "rb"), None):
         plan, cut = fast._plan_of(buf, start, end)
         if plan is None:
             fast.line(path, number, buf, start, end)

@@ -9,13 +9,15 @@ the equality trivially)."""
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import random
 from pathlib import Path
 
 import orjson
 import pyarrow as pa
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from cdc_apply.decode import DecodeContext, fast_debezium, make_decoder
 from cdc_apply.decode.debezium_common import PLACEHOLDER, PLACEHOLDER_B64
@@ -29,16 +31,32 @@ CONNECT = {
     "bool": {"type": "boolean"},
     "text": {"type": "string"},
     "uuid": {"type": "string", "name": "io.debezium.data.Uuid"},
-    "dec": {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2", "connect.decimal.precision": "6"}},
-    "dec0": {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "0", "connect.decimal.precision": "18"}},
-    "dec38": {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "4", "connect.decimal.precision": "38"}},
+    "dec": {
+        "type": "bytes",
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": {"scale": "2", "connect.decimal.precision": "6"},
+    },
+    "dec0": {
+        "type": "bytes",
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": {"scale": "0", "connect.decimal.precision": "18"},
+    },
+    "dec38": {
+        "type": "bytes",
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": {"scale": "4", "connect.decimal.precision": "38"},
+    },
     "ms": {"type": "int64", "name": "io.debezium.time.Timestamp"},
     "us": {"type": "int64", "name": "io.debezium.time.MicroTimestamp"},
     "zoned": {"type": "string", "name": "io.debezium.time.ZonedTimestamp"},
     # kinds the fast path does not take: a schema holding one is the exact decoder's
     "dbl": {"type": "float64"},
     "day": {"type": "int32", "name": "io.debezium.time.Date"},
-    "vs": {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}]},
+    "vs": {
+        "type": "struct",
+        "name": "io.debezium.data.VariableScaleDecimal",
+        "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}],
+    },
 }
 TAKEN = [k for k in CONNECT if k not in ("dbl", "day", "vs")]
 
@@ -61,7 +79,9 @@ def edge_values(kind: str) -> st.SearchStrategy:
         digits = {"dec": 6, "dec0": 18, "dec38": 38}[kind]
         return st.one_of(
             st.integers(-(10**digits) + 1, 10**digits - 1).map(b64),
-            st.sampled_from([b64(10**digits), b64(-(10**digits)), b64(0), b64(-1), PLACEHOLDER_B64, "AA=", "A===", "not base64", "", "AAAA\n"]),
+            st.sampled_from(
+                [b64(10**digits), b64(-(10**digits)), b64(0), b64(-1), PLACEHOLDER_B64, "AA=", "A===", "not base64", "", "AAAA\n"]
+            ),
             st.integers(-(10**40), 10**40).map(b64),
             common,
         )
@@ -74,8 +94,15 @@ def edge_values(kind: str) -> st.SearchStrategy:
         )
     if kind == "zoned":
         return st.one_of(
-            st.datetimes().map(lambda d: d.strftime("%Y-%m-%dT%H:%M:%S") + random.Random(d.microsecond).choice(["Z", ".5Z", ".123456Z", ".1234567Z", "+02:00", ""])),
-            st.sampled_from(["2026-02-30T10:00:00Z", "2026-11-24T24:00:00Z", "2026-11-24T23:59:60Z", "0999-01-01T00:00:00Z", "2026-1-1T00:00:00Z"]),
+            st.datetimes().map(
+                lambda d: (
+                    d.strftime("%Y-%m-%dT%H:%M:%S")
+                    + random.Random(d.microsecond).choice(["Z", ".5Z", ".123456Z", ".1234567Z", "+02:00", ""])
+                )
+            ),
+            st.sampled_from(
+                ["2026-02-30T10:00:00Z", "2026-11-24T24:00:00Z", "2026-11-24T23:59:60Z", "0999-01-01T00:00:00Z", "2026-1-1T00:00:00Z"]
+            ),
             common,
         )
     return st.one_of(st.integers(), st.floats(allow_nan=False), common)
@@ -92,23 +119,51 @@ def tables(draw):
 
 
 def envelope(columns: list, extra_source: list | None = None) -> dict:
-    row = {"type": "struct", "optional": True, "name": "srv.public.t.Value",
-           "fields": [{"field": name, "optional": optional, **CONNECT[kind]} for name, kind, optional in columns]}
-    source_fields = [{"type": "string", "optional": False, "field": "connector"}, {"type": "string", "optional": True, "field": "db"},
-                     {"type": "string", "optional": True, "field": "schema"}, {"type": "string", "optional": False, "field": "table"},
-                     {"type": "int64", "optional": True, "field": "lsn"}, {"type": "string", "optional": True, "field": "sequence"},
-                     {"type": "string", "optional": True, "field": "snapshot", "name": "io.debezium.data.Enum"},
-                     {"type": "int64", "optional": True, "field": "txId"}, {"type": "int64", "optional": False, "field": "ts_ms"},
-                     {"type": "int64", "optional": True, "field": "ts_us"}, {"type": "int64", "optional": True, "field": "ts_ns"},
-                     *(extra_source or [])]
+    row = {
+        "type": "struct",
+        "optional": True,
+        "name": "srv.public.t.Value",
+        "fields": [{"field": name, "optional": optional, **CONNECT[kind]} for name, kind, optional in columns],
+    }
+    source_fields = [
+        {"type": "string", "optional": False, "field": "connector"},
+        {"type": "string", "optional": True, "field": "db"},
+        {"type": "string", "optional": True, "field": "schema"},
+        {"type": "string", "optional": False, "field": "table"},
+        {"type": "int64", "optional": True, "field": "lsn"},
+        {"type": "string", "optional": True, "field": "sequence"},
+        {"type": "string", "optional": True, "field": "snapshot", "name": "io.debezium.data.Enum"},
+        {"type": "int64", "optional": True, "field": "txId"},
+        {"type": "int64", "optional": False, "field": "ts_ms"},
+        {"type": "int64", "optional": True, "field": "ts_us"},
+        {"type": "int64", "optional": True, "field": "ts_ns"},
+        *(extra_source or []),
+    ]
     return {
-        "type": "struct", "optional": False, "name": "srv.public.t.Envelope",
+        "type": "struct",
+        "optional": False,
+        "name": "srv.public.t.Envelope",
         "fields": [
-            {**row, "field": "before"}, {**row, "field": "after"},
-            {"type": "struct", "optional": False, "name": "io.debezium.connector.postgresql.Source", "field": "source", "fields": source_fields},
-            {"type": "string", "optional": False, "field": "op"}, {"type": "int64", "optional": True, "field": "ts_ms"},
-            {"type": "struct", "optional": True, "field": "transaction", "fields": [
-                {"type": "string", "optional": False, "field": "id"}, {"type": "int64", "optional": False, "field": "total_order"}]},
+            {**row, "field": "before"},
+            {**row, "field": "after"},
+            {
+                "type": "struct",
+                "optional": False,
+                "name": "io.debezium.connector.postgresql.Source",
+                "field": "source",
+                "fields": source_fields,
+            },
+            {"type": "string", "optional": False, "field": "op"},
+            {"type": "int64", "optional": True, "field": "ts_ms"},
+            {
+                "type": "struct",
+                "optional": True,
+                "field": "transaction",
+                "fields": [
+                    {"type": "string", "optional": False, "field": "id"},
+                    {"type": "int64", "optional": False, "field": "total_order"},
+                ],
+            },
         ],
     }
 
@@ -129,16 +184,28 @@ def messages(draw, columns):
 
     lsn = draw(st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([-1, 2**64, "123", None, 0])))
     current = lsn if draw(st.integers(0, 5)) else draw(st.integers(0, 10**21))
-    sequence = draw(st.sampled_from([
-        None, f'["{draw(st.integers(0, 10**21))}","{current}"]', f'[null,"{current}"]', f'["5",null]', "[1,2]", "not json", '["a","b"]',
-        f'[ "7" , "{current}" ]', f'["٣","{current}"]',
-    ]))
+    sequence = draw(
+        st.sampled_from(
+            [
+                None,
+                f'["{draw(st.integers(0, 10**21))}","{current}"]',
+                f'[null,"{current}"]',
+                '["5",null]',
+                "[1,2]",
+                "not json",
+                '["a","b"]',
+                f'[ "7" , "{current}" ]',
+                f'["٣","{current}"]',
+            ]
+        )
+    )
     source = {
         "connector": draw(st.sampled_from(["postgresql"] * 8 + ["sqlserver", None])),
         "db": draw(st.sampled_from(["inventory", None, "bad`name"])),
         "schema": draw(st.sampled_from(["public", None])),
         "table": draw(st.sampled_from(["t"] * 6 + ["u", None, "x\ny"])),
-        "lsn": lsn, "sequence": sequence,
+        "lsn": lsn,
+        "sequence": sequence,
         "snapshot": draw(st.sampled_from([None, "false", "true", "last", "incremental", "LAST"])),
         "txId": draw(st.sampled_from([None, 7, 2**40, "9"])),
         "ts_ms": draw(st.sampled_from([1_700_000_000_000, -5, None])),
@@ -148,9 +215,12 @@ def messages(draw, columns):
     if draw(st.integers(0, 3)) == 0:
         source["ts_ns"] = draw(st.sampled_from([1_700_000_000_000_123_456, -1_999, None]))
     payload = {
-        "before": image(), "after": image(), "source": source,
+        "before": image(),
+        "after": image(),
+        "source": source,
         "op": draw(st.sampled_from(["c", "u", "d", "r"] * 4 + ["t", "m", "x", None])),
-        "ts_ms": 1, "transaction": draw(st.sampled_from([None, {"id": "tx-1", "total_order": 1}, {"id": "tx-2", "total_order": 2}])),
+        "ts_ms": 1,
+        "transaction": draw(st.sampled_from([None, {"id": "tx-1", "total_order": 1}, {"id": "tx-2", "total_order": 2}])),
     }
     return payload
 
@@ -190,24 +260,35 @@ def normalise(batches: list[pa.RecordBatch]) -> tuple[list[dict], dict]:
     return sorted(rows, key=lambda r: (r["file"], r["line"], r["status"], str(r["op"]))), declared
 
 
+def _opener(path: Path):
+    return functools.partial(path.open, "rb")
+
+
 def both(path: Path, keys: dict) -> tuple[tuple, tuple, int]:
     """(exact rows, fast rows, lines the fast path built itself)."""
     exact_dec = make_decoder("debezium_postgres", DecodeContext(primary_keys=keys, options={"decode": "exact"}))
-    exact = list(decode_file_contents(exact_dec, [(str(path), lambda: open(path, "rb"), None)], False))
+    exact = list(decode_file_contents(exact_dec, [(str(path), _opener(path), None)], False))
     fast_dec = make_decoder("debezium_postgres", DecodeContext(primary_keys=keys))
     assert fast_debezium.supports(fast_dec) and not fast_debezium.supports(exact_dec)
-    parts = list(fast_debezium.decode_files(fast_dec, [(str(path), lambda: open(path, "rb"), None)]))
+    parts = list(fast_debezium.decode_files(fast_dec, [(str(path), _opener(path), None)]))
     built = sum(len(p["status"]) for p in parts if isinstance(p, dict))
     batches = [fast_batch(p) if isinstance(p, dict) else outcomes_batch(p) for p in parts]
     return normalise([outcomes_batch(exact)] if exact else []), normalise(batches), built
 
 
-@settings(max_examples=200, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate], suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data(), table=tables())
 def test_fast_path_gives_the_exact_decoders_rows(tmp_path_factory, data, table):
     columns, key = table
     schema_bytes = orjson.dumps(envelope(columns))
-    noises = st.sampled_from(["none"] * 12 + ["cr", "trailing", "garbage", "bad-utf8", "bad-utf8-in-string", "blank", "not-json", "tombstone"])
+    noises = st.sampled_from(
+        ["none"] * 12 + ["cr", "trailing", "garbage", "bad-utf8", "bad-utf8-in-string", "blank", "not-json", "tombstone"]
+    )
     lines = [line_of(schema_bytes, data.draw(messages(columns)), data.draw(noises)) for _ in range(data.draw(st.integers(1, 25)))]
     if data.draw(st.booleans()):  # a second schema in the same file
         other = orjson.dumps(envelope(columns, [{"type": "string", "optional": True, "field": "extra"}]))
@@ -237,9 +318,22 @@ def test_snapshot_reads_and_line_numbers_across_chunks(tmp_path):
     schema_bytes = orjson.dumps(envelope(columns))
     lines = []
     for i in range(700):
-        payload = {"before": None, "after": {"c_int64": i, "c_text": "x" * (i % 7) * 300}, "op": "r" if i % 3 else "c",
-                   "source": {"connector": "postgresql", "db": "d", "schema": "public", "table": "t", "lsn": 100 + i,
-                              "sequence": f'["{i}","{100 + i}"]', "snapshot": "true" if i % 3 else "false", "txId": 5, "ts_ms": 1}}
+        payload = {
+            "before": None,
+            "after": {"c_int64": i, "c_text": "x" * (i % 7) * 300},
+            "op": "r" if i % 3 else "c",
+            "source": {
+                "connector": "postgresql",
+                "db": "d",
+                "schema": "public",
+                "table": "t",
+                "lsn": 100 + i,
+                "sequence": f'["{i}","{100 + i}"]',
+                "snapshot": "true" if i % 3 else "false",
+                "txId": 5,
+                "ts_ms": 1,
+            },
+        }
         lines.append(line_of(schema_bytes, payload, "none"))
     path = tmp_path / "f.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")

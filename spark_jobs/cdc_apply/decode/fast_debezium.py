@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import binascii
 from binascii import a2b_base64
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Annotated, Any, Callable, Iterable, Iterator
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -142,7 +143,7 @@ def make_plan(schema: dict[str, Any]) -> Plan:
         raise Unusable("a row shape with notes")
     specs = list(shape.specs.values())
     typed = [_value_type(s) for s in specs]
-    row = _struct_of("Row", [(s.name, t) for s, (t, _) in zip(specs, typed)], row=True)
+    row = _struct_of("Row", [(s.name, t) for s, (t, _) in zip(specs, typed, strict=True)], row=True)
     if not isinstance(schema.get("fields"), list):
         raise Unusable("envelope without fields")
     fields: list[tuple[str, Any]] = []
@@ -293,7 +294,7 @@ def _conv_decimal(vals: list[Any], spec: Any) -> tuple[pa.Array, np.ndarray | No
     limit = 10**spec.precision
     bad = np.fromiter((u is not None and not -limit < u < limit for u in unscaled), dtype=bool, count=len(unscaled))
     if bad.any():
-        unscaled = [0 if b else u for u, b in zip(unscaled, bad)]
+        unscaled = [0 if b else u for u, b in zip(unscaled, bad, strict=True)]
     scale = spec.scale
     if spec.precision > 18:
         return _strings([None if u is None else _scaled_text(u, scale) for u in unscaled]), bad
@@ -341,7 +342,14 @@ def _conv_zoned(vals: list[Any], spec: Any) -> tuple[pa.Array, np.ndarray | None
         return _strings([None if o is SLOW else o for o in out]), bad
 
 
-_CONVERT = {"string": _conv_string, "int": _conv_int, "bool": _conv_bool, "decimal": _conv_decimal, "timestamp": _conv_timestamp, "zoned": _conv_zoned}
+_CONVERT = {
+    "string": _conv_string,
+    "int": _conv_int,
+    "bool": _conv_bool,
+    "decimal": _conv_decimal,
+    "timestamp": _conv_timestamp,
+    "zoned": _conv_zoned,
+}
 
 
 def _sequence(seqs: list[Any], lsn: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -349,7 +357,6 @@ def _sequence(seqs: list[Any], lsn: pa.Array) -> tuple[pa.Array, np.ndarray]:
     '["<digits>","<digits>"]' in Arrow, anything else by ``parse_sequence``;
     a current LSN other than ``source.lsn`` is refused (the exact decoder
     notes it)."""
-    n = len(seqs)
     arr = _strings(seqs)
     parts = pc.extract_regex(arr, r'^\["(?P<a>[0-9]{1,19})","(?P<b>[0-9]{1,19})"\]$')
     last = pc.struct_field(parts, "a").cast(pa.uint64())  # (the child alone keeps "" where the struct is null)
@@ -364,6 +371,8 @@ def _sequence(seqs: list[Any], lsn: pa.Array) -> tuple[pa.Array, np.ndarray]:
             except DecodeError:
                 bad[i] = True
                 continue
+            if seq is None:  # pragma: no cover - odd rows hold text
+                continue
             if seq[1] is not None and seq[1] != lsn[i].as_py():
                 bad[i] = True
             last_list[i] = seq[0] if seq[0] is not None and seq[0] < 10**20 else 0
@@ -376,7 +385,7 @@ class Slow(Exception):
     """This line is the exact decoder's."""
 
 
-def _out_rows(fast: "FastPostgres", pend: Pending) -> tuple[dict[str, pa.Array] | None, list[int]]:
+def _out_rows(fast: FastPostgres, pend: Pending) -> tuple[dict[str, pa.Array] | None, list[int]]:
     """The outcome columns of a plan's pending lines, and the lines the
     checks refuse (for the exact decoder).  Long because it is
     ``DebeziumDecoder.decode_message`` for the one shape taken here, every
@@ -388,7 +397,7 @@ def _out_rows(fast: "FastPostgres", pend: Pending) -> tuple[dict[str, pa.Array] 
     env = plan.envelope
     ops = _field(ps, env, "op")
     srcs = _field(ps, env, "source")
-    bad = np.fromiter((o not in FAST_OPS or s is None for o, s in zip(ops, srcs)), dtype=bool, count=n)
+    bad = np.fromiter((o not in FAST_OPS or s is None for o, s in zip(ops, srcs, strict=True)), dtype=bool, count=n)
     if bad.any():  # Structs a later step cannot read: refused, and left out from here on
         keep = np.flatnonzero(~bad)
         rows, refused = _out_rows(fast, _subset(pend, keep))
@@ -399,12 +408,12 @@ def _out_rows(fast: "FastPostgres", pend: Pending) -> tuple[dict[str, pa.Array] 
         bad |= np.fromiter((c not in ("postgresql", None) for c in connectors), dtype=bool, count=n)
     dbs, schemas, tables = _field(srcs, s, "db"), _field(srcs, s, "schema"), _field(srcs, s, "table")
     keys_of: dict[tuple, list[str] | None] = {}
-    for name in set(zip(dbs, schemas, tables)):
+    for name in set(zip(dbs, schemas, tables, strict=True)):
         try:
             keys_of[name] = fast.names_ok(name)
         except (Slow, DecodeError):
             keys_of[name] = None
-            bad |= np.fromiter((t == name for t in zip(dbs, schemas, tables)), dtype=bool, count=n)
+            bad |= np.fromiter((t == name for t in zip(dbs, schemas, tables, strict=True)), dtype=bool, count=n)
     lsns = _field(srcs, s, "lsn")
     if None in lsns:
         bad |= np.fromiter((v is None for v in lsns), dtype=bool, count=n)
@@ -432,7 +441,7 @@ def _out_rows(fast: "FastPostgres", pend: Pending) -> tuple[dict[str, pa.Array] 
     bad[before_at] |= before_img.bad
 
     # key columns: configured per table; each must have a value in the image
-    key_cols = [keys_of.get(t) or [] for t in zip(dbs, schemas, tables)]
+    key_cols = [keys_of.get(t) or [] for t in zip(dbs, schemas, tables, strict=True)]
     image_of = np.full(n, -1, dtype=np.int64)  # row -> its image's index, in after_img (c/u/r) or before_img (d)
     image_of[after_at] = np.arange(len(after_at))
     image_of[before_at[is_delete[before_at]]] = np.flatnonzero(is_delete[before_at])
@@ -442,10 +451,10 @@ def _out_rows(fast: "FastPostgres", pend: Pending) -> tuple[dict[str, pa.Array] 
         if j < 0:
             bad |= needs
             continue
-        for img, rows in ((after_img, ~is_delete), (before_img, is_delete)):
+        for img, side in ((after_img, ~is_delete), (before_img, is_delete)):
             vals, present = img.column(j)
             has = present & vals.is_valid().to_numpy(zero_copy_only=False) if len(vals) else present
-            at = np.flatnonzero(needs & rows & (image_of >= 0))
+            at = np.flatnonzero(needs & side & (image_of >= 0))
             bad[at] |= ~has[image_of[at]]
 
     txs = _field(srcs, s, "txId")
@@ -458,14 +467,17 @@ def _out_rows(fast: "FastPostgres", pend: Pending) -> tuple[dict[str, pa.Array] 
         tx_ids = [None if t is None or id_at is None else getattr(t, f"f{id_at}") for t in _field(ps, env, "transaction")]
         tx_text = pc.coalesce(tx_text, _strings([None if t is None else str(t) for t in tx_ids]))
     ts_ns, ts_us, ts_ms = (_field(srcs, s, f) for f in ("ts_ns", "ts_us", "ts_ms"))
-    commit = [ns // 1000 if ns is not None else us if us is not None else ms * 1000 if ms is not None else None for ns, us, ms in zip(ts_ns, ts_us, ts_ms)]
+    commit = [
+        ns // 1000 if ns is not None else us if us is not None else ms * 1000 if ms is not None else None
+        for ns, us, ms in zip(ts_ns, ts_us, ts_ms, strict=True)
+    ]
 
     names = pa.array(plan.names, pa.string())
     before_map = before_img.maps(n, before_at, names)
     before_map = pa.MapArray.from_arrays(before_map.offsets, before_map.keys, before_map.items, mask=pa.array(~has_before))
     columns: list[Any] = [None] * n
     seen: set = set()
-    for i, t in enumerate(zip(dbs, schemas, tables)):
+    for i, t in enumerate(zip(dbs, schemas, tables, strict=True)):
         if t not in seen:
             seen.add(t)
             columns[i] = plan.column_tuples
@@ -492,7 +504,7 @@ def _out_rows(fast: "FastPostgres", pend: Pending) -> tuple[dict[str, pa.Array] 
         rows = {k: v.filter(mask) for k, v in rows.items()}
         first = set()  # a table's columns again on its first kept row
         cols = rows["columns"].to_pylist()
-        for i, t in enumerate(zip(*(rows[c].to_pylist() for c in ("database", "schema_name", "table_name")))):
+        for i, t in enumerate(zip(*(rows[c].to_pylist() for c in ("database", "schema_name", "table_name")), strict=True)):
             cols[i] = None if t in first else plan.column_tuples
             first.add(t)
         rows["columns"] = pa.array(cols, pa.list_(_COLUMN))
@@ -505,11 +517,13 @@ def _snapshot_ids(change_id: pa.Array, ops: list[str], key_cols: list[list[str]]
     for i, op in enumerate(ops):
         if op != "r" or image_of[i] < 0:
             continue
-        key = {}
+        key: dict[str, Any] = {}
         for col in key_cols[i]:
-            j = plan.names.index(col) if col in plan.names else -1
-            vals, present = img.column(j) if j >= 0 else (None, None)
-            key[col] = vals[int(image_of[i])].as_py() if j >= 0 and present[image_of[i]] else None
+            key[col] = None
+            if col in plan.names:
+                vals, present = img.column(plan.names.index(col))
+                if present[image_of[i]]:
+                    key[col] = vals[int(image_of[i])].as_py()
         ids[i] = f"{ids[i]}|snapshot|{json_text(key)}"
     return _strings(ids)
 
@@ -541,7 +555,7 @@ class FastPostgres:
         plan, cut = self._plan_of(buf, start, end)
         if plan is not None and buf[end - 1] in (125, "}"):  # '}'
             try:
-                payload = plan.payload.decode(memoryview(buf)[cut:end - 1] if isinstance(buf, bytes) else buf[cut:end - 1])
+                payload = plan.payload.decode(memoryview(buf)[cut : end - 1] if isinstance(buf, bytes) else buf[cut : end - 1])
             except (msgspec.DecodeError, UnicodeDecodeError, ValueError):
                 payload = None
             if payload is not None:
@@ -554,7 +568,9 @@ class FastPostgres:
                 return
         self._exact(file, number, buf, start, end)
 
-    def _plan_of(self, buf: bytes | str, start: int, end: int) -> tuple[Plan | None, int]:
+    def _plan_of(self, buf: Any, start: int, end: int) -> tuple[Plan | None, int]:
+        """(plan, where the payload starts) of a line whose schema text is
+        known; ``buf`` is bytes (a read buffer) or str (a gzip file's line)."""
         last = self.last
         if last is not None:
             prefix = last[0] if isinstance(buf, bytes) else last[2]
@@ -597,7 +613,7 @@ class FastPostgres:
         if not text.startswith(head) or len(self.plans) >= 256:
             return
         cut = text.find(key, len(head))
-        schema_bytes = text[len(head):cut].encode()
+        schema_bytes = text[len(head) : cut].encode()
         if cut < 0 or schema_bytes in self.plans:
             return
         self.plans[schema_bytes] = None
@@ -646,7 +662,7 @@ class FastPostgres:
             yield slow
 
 
-def spans(path: str, source: Source, piece: Piece | None) -> Iterator[tuple[bytes | str, int, int, int]]:
+def spans(path: str, source: Source, piece: Piece | None) -> Iterator[tuple[Any, ...]]:
     """``(buffer, line number, start, end)`` of every line of a file (or
     piece): for a plain file the read buffer itself (a chunk and the end of
     the line before it), no object per line; a gzip file's lines come from
@@ -681,7 +697,7 @@ def spans(path: str, source: Source, piece: Piece | None) -> Iterator[tuple[byte
                 number += 1
                 yield buf, number, pos, nl
                 pos = nl + 1
-            carry = buf[last + 1:]
+            carry = buf[last + 1 :]
     if carry:
         yield carry, number + 1, 0, len(carry)
 
@@ -694,14 +710,15 @@ def _is_gzip(open_stream: Callable[[], Any]) -> bool:
 def decode_files(decoder: Decoder, files: Iterable[tuple[str, Source, Piece | None]]) -> Iterator[dict[str, pa.Array] | list[Outcome]]:
     """Decode files (or pieces) into batches: column arrays of fast lines
     and lists of the exact decoder's outcomes for the rest."""
-    fast = FastPostgres(decoder)  # type: ignore[arg-type]
+    assert isinstance(decoder, DebeziumPostgresDecoder)
+    fast = FastPostgres(decoder)
     for path, source, piece in files:
         for item in spans(path, source, piece):
             if len(item) == 3:
-                line, raw, reason = item  # type: ignore[misc]
+                line, raw, reason = item
                 fast.slow.append(Quarantined(reason=reason, raw=raw, file=path, line=line))
             else:
-                buf, number, start, end = item  # type: ignore[misc]
+                buf, number, start, end = item
                 fast.line(path, number, buf, start, end)
             if fast.parsed >= BATCH_ROWS or len(fast.slow) >= BATCH_ROWS:
                 fast.build()

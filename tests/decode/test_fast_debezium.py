@@ -207,7 +207,7 @@ def messages(draw, columns):
         "lsn": lsn,
         "sequence": sequence,
         "snapshot": draw(st.sampled_from([None, "false", "true", "last", "incremental", "LAST"])),
-        "txId": draw(st.sampled_from([None, 7, 2**40, "9"])),
+        "txId": draw(st.sampled_from([None, 7, 2**40, "9", 2**63, -(2**63) - 1, 2**64 - 1])),
         "ts_ms": draw(st.sampled_from([1_700_000_000_000, -5, None])),
     }
     if draw(st.booleans()):
@@ -340,3 +340,19 @@ def test_snapshot_reads_and_line_numbers_across_chunks(tmp_path):
     assert path.stat().st_size > 1 << 20  # more than one read chunk
     exact, fast, built = both(path, {"t": ["c_int64"]})
     assert fast == exact and built == 699
+
+
+def test_a_transaction_id_beyond_int64_goes_the_exact_way(tmp_path):
+    """Arrow holds txId as int64; a larger one (JSON allows it, the exact
+    decoder keeps it as text) is the exact decoder's, not a failed task."""
+    columns = [("c_int64", "int64", False)]
+    schema_bytes = orjson.dumps(envelope(columns))
+    source = {"connector": "postgresql", "db": "d", "schema": "public", "table": "t", "lsn": 100, "ts_ms": 1}
+    lines = [
+        line_of(schema_bytes, {"before": None, "after": {"c_int64": i}, "op": "c", "source": {**source, "txId": tx}}, "none")
+        for i, tx in enumerate([5, 2**63, 7])
+    ]
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    exact, fast, built = both(path, {"t": ["c_int64"]})
+    assert fast == exact and built == 1

@@ -458,6 +458,10 @@ def _out_rows(fast: FastPostgres, pend: Pending) -> tuple[dict[str, pa.Array] | 
             bad[at] |= ~has[image_of[at]]
 
     txs = _field(srcs, s, "txId")
+    big = [t is not None and not -(1 << 63) <= t < 1 << 63 for t in txs]
+    if any(big):  # beyond int64 (Arrow's): the exact decoder's
+        bad |= np.array(big)
+        txs = [0 if b else t for t, b in zip(txs, big, strict=True)]
     tx_text = pa.array(txs, pa.int64()).cast(pa.string())
     change_id = pc.binary_join_element_wise(lsn.cast(pa.string()), tx_text.fill_null(""), "|")
     if "r" in ops:

@@ -414,17 +414,74 @@ def _noop(_: int) -> int:
     return 0
 
 
-def orjson_limit(paths: list[str], processes: int) -> dict[str, Any]:
-    """orjson.loads of every line, one process per core (pool start not timed)."""
+def orjson_limit(paths: list[str], processes: int, parse=_parse_file, warm=_noop) -> dict[str, Any]:
+    """orjson.loads of every line (or ``parse`` of every file), one process per core (pool start not timed)."""
     ctx = mp.get_context("spawn")
     with ctx.Pool(processes) as pool:
-        pool.map(_noop, range(processes))
+        pool.map(warm, range(processes))
         # largest files first: better balance over the processes
         order = sorted(paths, key=lambda p: -Path(p).stat().st_size)
         t0 = time.perf_counter()
-        parts = pool.map(_parse_file, order, chunksize=1)
+        parts = pool.map(parse, order, chunksize=1)
         seconds = time.perf_counter() - t0
     return {"seconds": seconds, "events": sum(p[0] for p in parts), "bytes": sum(p[1] for p in parts), "processes": processes}
+
+
+def _payload_file(path: str) -> tuple[int, int]:
+    """The typed payload decode alone (the decode fast path's msgspec Structs,
+    ``decode/fast_debezium.py``) of every line, from the read buffer: the
+    first line of the schema is learnt through the exact decoder."""
+    import functools
+
+    from cdc_apply.decode import DecodeContext, make_decoder
+    from cdc_apply.decode import fast_debezium as fd
+
+    fast = fd.FastPostgres(make_decoder("debezium_postgres", DecodeContext()))
+    n = 0
+    for buf, number, start, end in fd.spans(path, functools.partial(Path(path).open, "rb"), None):
+        plan, cut = fast._plan_of(buf, start, end)
+        if plan is None:
+            fast.line(path, number, buf, start, end)
+        else:
+            plan.payload.decode(memoryview(buf)[cut:end - 1])
+        n += 1
+    return n, Path(path).stat().st_size
+
+
+def _import_fast_path(_: int) -> int:
+    import cdc_apply.decode.fast_debezium  # noqa: F401 - imports are not timed
+
+    return 0
+
+
+def payload_limit(paths: list[str], processes: int) -> dict[str, Any]:
+    """The payload-only limit: ``_payload_file`` on every file, one process per core."""
+    return orjson_limit(paths, processes, parse=_payload_file, warm=_import_fast_path)
+
+
+def decode_stage(spark, paths: list[str], runs: int) -> dict[str, Any]:
+    """The project's decode stage alone (``decode_batch`` + the persist the
+    batch does), exact decoder vs fast path on the same files, alternating,
+    ``runs`` times each; medians."""
+    from cdc_apply.decode import DecodeContext
+    from cdc_apply.decode.stage import decode_batch
+
+    files = [(p, Path(p).stat().st_size) for p in paths]
+    seconds: dict[str, list[float]] = {"exact": [], "fast": []}
+    rows = 0
+    for _ in range(runs):
+        for mode in ("exact", "fast"):
+            ctx = DecodeContext(source="bench", primary_keys={wl.TABLE: ["id"]}, options={"decode": mode})
+            t = time.perf_counter()
+            df, _ = decode_batch(spark, files, "debezium_postgres", ctx)
+            df = df.persist()
+            rows = df.count()
+            seconds[mode].append(time.perf_counter() - t)
+            df.unpersist()
+    med = {m: sorted(v)[len(v) // 2] for m, v in seconds.items()}
+    return {"rows": rows, "exact_seconds": round(med["exact"], 3), "fast_seconds": round(med["fast"], 3), "runs": runs,
+            "exact_runs": [round(x, 2) for x in seconds["exact"]], "fast_runs": [round(x, 2) for x in seconds["fast"]],
+            "ratio": round(med["exact"] / med["fast"], 3)}
 
 
 # -- spark-submit ------------------------------------------------------------------

@@ -49,6 +49,9 @@ TARGETS = [
     ("hourly_connect_ratio", "<=", 2.5, "1k-event batch via the DAG's Spark Connect path (warm server) / bare spark-submit"),
     ("hourly_connect_mor_ratio", "<=", 2.5, "the same, the source set to merge_mode: merge-on-read / bare spark-submit"),
     ("rss_ratio", "<=", 1.2, "peak RSS (whole process tree) of a 5x batch / of a 1x batch"),
+    ("decode_speedup", ">=", 4.0, "decode stage (decode_batch + persist), exact decoder seconds / fast path seconds, same files"),
+    ("decode_vs_payload_limit", ">=", 0.5, "fast decode stage events/s / payload-only limit events/s (aim: within 2x)"),
+    ("project_vs_python_pipeline", ">=", 1.0, "project events/s / Python-only pipeline (orjson decode + compaction + pyiceberg upsert) events/s"),
 ]
 
 
@@ -119,7 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="cProfile the driver during the project's main batch")
     p.add_argument("--dag-driver-memory", help="add --driver-memory to the DAG job's spark-submit (hourly and RSS runs); "
                    "default: none, exactly as the DAG submits (CDC_SPARK_DRIVER_MEMORY, default 3g)")
-    p.add_argument("--skip", action="append", default=[], choices=["textbook", "pyiceberg", "table_size", "hourly", "hourly_connect", "rss"],
+    p.add_argument("--skip", action="append", default=[], choices=["textbook", "pyiceberg", "table_size", "hourly", "hourly_connect", "rss", "decode"],
                    help="leave a contender out (its figures are then missing)")
     for k, v in PRESETS["tiny"].items():
         p.add_argument("--" + k.replace("_", "-"), type=type(v), help=f"override the preset's {k}")
@@ -229,6 +232,9 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     lim = C.orjson_limit(main_files.paths, os.cpu_count() or 1)
     res["orjson_limit"] = _rate(lim["events"], lim["bytes"], lim["seconds"]) | {"processes": lim["processes"]}
     say(f"orjson limit: {res['orjson_limit']['events_per_s']:.0f} events/s")
+    plim = C.payload_limit(main_files.paths, os.cpu_count() or 1)
+    res["payload_limit"] = _rate(plim["events"], plim["bytes"], plim["seconds"]) | {"processes": plim["processes"]}
+    say(f"payload-only limit: {res['payload_limit']['events_per_s']:.0f} events/s")
 
     # -- (1) the project ---------------------------------------------------------------
     prof = workdir / "project_cprofile.txt" if args.profile else None
@@ -241,6 +247,13 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     if prof:
         out["project_profile"]["cprofile"] = prof.read_text()
     say(f"project: {res['project']['events_per_s']:.0f} events/s ({p['seconds']:.1f}s)")
+
+    # -- the decode stage alone: exact decoder vs fast path ------------------------------
+    if "decode" not in args.skip:
+        with section("decode"):
+            out["decode_stage"] = C.decode_stage(spark, main_files.paths, runs=2)
+            d = out["decode_stage"]
+            say(f"decode stage: exact {d['exact_seconds']:.1f}s, fast {d['fast_seconds']:.1f}s ({d['ratio']:.2f}x)")
 
     # -- (2) textbook --------------------------------------------------------------------
     if "textbook" not in args.skip:
@@ -356,6 +369,15 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     if "pyiceberg" in res:
         ratios["project_vs_pyiceberg"] = round(pr / res["pyiceberg"]["events_per_s"], 3)
     ratios["project_vs_limit"] = round(pr / res["orjson_limit"]["events_per_s"], 4)
+    if "pyiceberg" in res:
+        ratios["project_vs_python_pipeline"] = round(pr / res["pyiceberg"]["with_decode"]["events_per_s"], 3)
+    if "decode_stage" in out:
+        ratios["decode_speedup"] = out["decode_stage"]["ratio"]
+        fast_rate = main_events / out["decode_stage"]["fast_seconds"]
+        ratios["decode_vs_payload_limit"] = round(fast_rate / res["payload_limit"]["events_per_s"], 3)
+    prof = out.get("project_profile") or {}
+    if "jobs" in prof:
+        out["spark_jobs_per_batch"] = prof["jobs"]
     for name, key in (("table_size_ratio", "table_size"), ("hourly_overhead_ratio", "hourly"), ("hourly_connect_ratio", "hourly_connect"),
                       ("hourly_connect_mor_ratio", "hourly_connect_mor"), ("rss_ratio", "rss")):
         if key in out:  # the figure's own record in the JSON carries its ratio
@@ -370,6 +392,9 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         "hourly_connect_ratio": args.hourly_events >= 1_000,
         "hourly_connect_mor_ratio": args.hourly_events >= 1_000,
         "rss_ratio": True,
+        "decode_speedup": True,
+        "decode_vs_payload_limit": True,
+        "project_vs_python_pipeline": args.pyiceberg_cap >= 100_000 and args.base_rows >= 1_000_000,
     }
     out["targets"] = [
         {"name": name, "value": ratios[name], "op": op, "threshold": thr, "status": _status(ratios[name], op, thr),
@@ -378,7 +403,8 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     ]
     section_of = {"project_vs_textbook": "textbook", "project_vs_pyiceberg": "pyiceberg", "table_size_ratio": "table_size",
                   "hourly_overhead_ratio": "hourly", "hourly_connect_ratio": "hourly_connect",
-                  "hourly_connect_mor_ratio": "hourly_connect", "rss_ratio": "rss"}
+                  "hourly_connect_mor_ratio": "hourly_connect", "rss_ratio": "rss", "decode_speedup": "decode",
+                  "decode_vs_payload_limit": "decode", "project_vs_python_pipeline": "pyiceberg"}
     for name, op, thr, meaning in TARGETS:
         if name not in ratios and section_of.get(name) in errors:
             out["targets"].append({"name": name, "value": None, "op": op, "threshold": thr, "status": "ERROR",
@@ -404,8 +430,9 @@ def render(out: dict[str, Any]) -> str:
         f"{'contender':34} {'events':>9} {'MB':>9} {'seconds':>9} {'events/s':>11} {'MB/s':>9}",
     ]
     names = {"project": "project run_batch (end to end)", "textbook": "textbook Spark read.json+MERGE",
-             "pyiceberg": "pyiceberg delete+upsert", "orjson_limit": f"orjson decode limit ({res['orjson_limit']['processes']} procs)"}
-    for k in ("project", "textbook", "pyiceberg", "orjson_limit"):
+             "pyiceberg": "pyiceberg delete+upsert", "orjson_limit": f"orjson decode limit ({res['orjson_limit']['processes']} procs)",
+             "payload_limit": f"payload-only limit ({res['orjson_limit']['processes']} procs)"}
+    for k in ("project", "textbook", "pyiceberg", "orjson_limit", "payload_limit"):
         if k in res:
             r = res[k]
             flag = " (timed out: upper bound)" if r.get("timed_out") else ""
@@ -413,6 +440,11 @@ def render(out: dict[str, Any]) -> str:
             if k == "pyiceberg" and "with_decode" in r:
                 w = r["with_decode"]
                 lines.append(f"{'  + its Python decode/compact (1 proc)':34} {w['events']:>9} {w['mb']:>9.1f} {w['seconds']:>9.2f} {w['events_per_s']:>11.1f} {w['mb_per_s']:>9.2f}")
+    if "decode_stage" in out:
+        d = out["decode_stage"]
+        lines.append(f"decode stage (decode_batch + persist, median of {d['runs']}): exact decoder {d['exact_seconds']:.2f}s, fast path {d['fast_seconds']:.2f}s")
+    if "spark_jobs_per_batch" in out:
+        lines.append(f"Spark jobs per batch (the project's main batch): {out['spark_jobs_per_batch']}")
     if "table_size" in out:
         t = out["table_size"]
         lines.append(f"table size: {t['events']} events -> {t['small_rows']} rows {t['small_seconds']:.2f}s, {t['large_rows']} rows {t['large_seconds']:.2f}s")

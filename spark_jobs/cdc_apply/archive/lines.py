@@ -162,6 +162,13 @@ def _message(path: str, number: int, raw: bytes) -> RawMessage | tuple[int, str,
         return (number, raw.decode("utf-8", "replace"), f"line is not UTF-8: {exc}")
 
 
+def line_message(path: str, number: int, raw: bytes) -> RawMessage | tuple[int, str, str] | None:
+    """One line's bytes (without its newline) as ``iter_lines`` reads them:
+    a message, a ``(line, raw, reason)`` for text that is not UTF-8, or None
+    for a blank line (for readers that scan the buffers themselves)."""
+    return _message(path, number, raw)
+
+
 def _chunks(first: bytes, stream: BinaryIO, size: int) -> Iterator[bytes]:
     chunk = first
     while chunk:

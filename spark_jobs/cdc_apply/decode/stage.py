@@ -35,7 +35,7 @@ from cdc_apply.archive.lines import (
     plan_pieces,
 )
 from cdc_apply.config import S3Options, is_object_store_uri
-from cdc_apply.decode import DecodeContext, Decoder, make_decoder
+from cdc_apply.decode import DecodeContext, Decoder, fast_debezium, make_decoder
 from cdc_apply.model import (
     ChangeEvent,
     Held,
@@ -140,6 +140,13 @@ def outcomes_batch(outcomes: Sequence[Outcome]) -> pa.RecordBatch:
     declared: set = set()
     columns = list(zip(*(outcome_row(o, declared) for o in outcomes))) or [()] * len(ARROW_SCHEMA)
     return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, ARROW_SCHEMA)], schema=ARROW_SCHEMA)
+
+
+def fast_batch(arrays: dict[str, pa.Array]) -> pa.RecordBatch:
+    """The fast path's columns (``decode/fast_debezium.py``) as an outcome
+    batch: the columns it does not fill are null."""
+    rows = len(arrays["status"])
+    return pa.RecordBatch.from_arrays([arrays[f.name] if f.name in arrays else pa.nulls(rows, f.type) for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
 
 
 def _file_messages(path: str, source: Source, piece: Piece | None = None) -> Iterator[RawMessage | Quarantined]:
@@ -283,6 +290,11 @@ def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str
         dec = make_decoder(f, c)
         for batch in batches:
             for task in batch.column("id").to_pylist():
+                if fast_debezium.supports(dec):
+                    with gc_paused():
+                        for part in fast_debezium.decode_files(dec, _archive_sources(g[task], store)):
+                            yield fast_batch(part) if isinstance(part, dict) else outcomes_batch(part)
+                    continue
                 out: list[Outcome] = []
                 with gc_paused():
                     for outcome in decode_file_contents(dec, _archive_sources(g[task], store), driver_done):

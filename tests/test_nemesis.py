@@ -1,0 +1,80 @@
+"""The nemesis in CI (issue 18): a small sample of every kind, so the harness
+cannot rot.  The long run is one command: ``python -m tests.nemesis --help``
+(README, "Reliability").  Each trial compares what a real run left with a
+clean run (``tests/nemesis/state.py``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def _ok(trial) -> None:
+    print(trial.line())
+    assert trial.passed, trial.line()
+
+
+def test_hostile_messages_of_every_format_are_accounted_for(spark, settings, tmp_path):
+    from tests.nemesis import hostile
+
+    rnd = random.Random(18)
+    for fmt in hostile.FORMATS:
+        _ok(hostile.format_trial(spark, tmp_path, fmt, rnd.randrange(2**31), mutations=60))
+
+
+def test_hostile_identifiers_are_refused_or_stored_exactly_and_inject_nothing(spark, settings, tmp_path):
+    from tests.nemesis import identifiers
+
+    names = ["x; DROP TABLE {victim}", "a`b", "a.b", "ключ", "x" * 300, "a\x00b"]
+    trial = identifiers.identifier_trial(spark, settings, tmp_path, seed=18, names=names)
+    _ok(trial)
+    assert trial.figures["identifiers"] == len(names) * len(identifiers.ROLES)
+
+
+@pytest.mark.parametrize("fault", ["rewrite-new-size", "redelivered", "catalog-locked"])
+def test_file_faults_are_refused_loudly_or_idempotent(spark, settings, tmp_path, fault):
+    from tests.nemesis import faults
+
+    _ok(faults.fault_trial(spark, settings, tmp_path, fault))
+
+
+# -- the quoting of every identifier that reaches SQL (hypothesis) ------------------------------
+
+from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
+
+NAMES = st.one_of(
+    st.sampled_from(["a'b", 'a"b', "a`b", "``", "x;y", "a.b", "a b", "ключ", "x" * 300, "x; DROP TABLE t", "a\\b", "'); DROP TABLE t; --"]),
+    st.text(alphabet=st.sampled_from(list("'\"`;.,\\ ()[]{}=-*/aé漢\u2028\u202e")), min_size=1, max_size=60),
+    st.text(min_size=1, max_size=40),
+)
+
+
+@hsettings(max_examples=80, deadline=None)
+@given(NAMES)
+def test_every_identifier_that_reaches_sql_is_quoted_or_refused(spark, name):
+    """A column name validate_column accepts is, through compact.quote, read
+    back by Spark as exactly itself; a string through tables.sql_string too;
+    config.validate_identifier accepts only plain names (letters, digits, _)."""
+    import re
+
+    from cdc_apply.apply.compact import quote
+    from cdc_apply.apply.tables import sql_string, validate_column
+    from cdc_apply.config import validate_identifier
+    from cdc_apply.errors import ConfigError
+
+    assert spark.sql(f"SELECT {sql_string(name)} AS v").collect()[0]["v"] == name
+    try:
+        validate_column(name, "t")
+    except ConfigError:
+        pass
+    else:
+        assert spark.sql(f"SELECT 1 AS {quote(name)}").columns == [name]
+    try:
+        validate_identifier(name, "table")
+    except ConfigError:
+        pass
+    else:
+        assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name), name

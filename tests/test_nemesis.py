@@ -17,6 +17,38 @@ def _ok(trial) -> None:
     assert trial.passed, trial.line()
 
 
+# -- kill -9 and races: real `cdc apply` processes on a state folder of their own ------------------
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """The workload applied once cleanly, as one batch (two in the long run)."""
+    from tests.nemesis.baseline import prepare
+
+    return prepare(tmp_path_factory.mktemp("nemesis"), seed=18, split=False)
+
+
+def test_kill_9_of_the_cli_at_a_random_instant_then_rerun_equals_the_clean_run(baseline):
+    from tests.nemesis import kills
+
+    delay = random.Random(18).uniform(0.3, 0.9) * baseline.seconds["all"]
+    _ok(kills.cli_trial(baseline, "all", delay=delay))
+
+
+def test_kill_9_of_the_dags_publish_after_its_fast_forward_then_retry_equals_the_clean_run(baseline):
+    """The DAG's staged path (write, validate, publish, finish as processes); the
+    publish task is killed right after its fast-forward commit and retried."""
+    from tests.nemesis import kills
+
+    _ok(kills.staged_trial(baseline, "all", "publish", point="fast-forwarded", per_table=False))
+
+
+def test_two_applies_of_one_batch_at_once_converge(baseline):
+    from tests.nemesis import races
+
+    _ok(races.race_trial(baseline, "two-applies", "all"))
+
+
 def test_hostile_messages_of_every_format_are_accounted_for(spark, settings, tmp_path):
     from tests.nemesis import hostile
 

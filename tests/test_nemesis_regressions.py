@@ -29,7 +29,7 @@ def test_two_runs_recording_one_batchs_quarantine_at_once_never_double_it(spark,
         batch = f"qrace_{attempt}"
         barrier, errors = threading.Barrier(2), []
 
-        def write():
+        def write(barrier=barrier, batch=batch, errors=errors):
             barrier.wait()
             try:
                 _record_quarantine(spark, settings, source, batch, decoded)

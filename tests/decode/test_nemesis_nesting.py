@@ -7,7 +7,6 @@ path and the driver path alike."""
 from __future__ import annotations
 
 import importlib
-import json
 
 import pytest
 

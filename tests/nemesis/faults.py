@@ -7,7 +7,6 @@ or in a correct idempotent result — never a silent double apply or loss."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import sqlite3
@@ -16,7 +15,7 @@ import time
 from pathlib import Path
 
 from tests.nemesis.trial import Trial
-from tests.nemesis.workload import T0, sources_yaml, write_workload
+from tests.nemesis.workload import sources_yaml, write_workload
 
 FAULTS = ("rewrite-same-size", "rewrite-new-size", "deleted", "redelivered", "dangling-link", "catalog-locked")
 
@@ -64,7 +63,6 @@ def fault_trial(spark, settings, work: Path, fault: str, seed: int = 5) -> Trial
     if first.status != "complete":
         trial.problems.append(f"the first batch did not complete: {first.message}")
     applied = sorted(root.rglob("part-0.jsonl"))[0]
-    rows = _rows(spark, settings, name)
     shutil.move(str(held_back), later)
 
     def attempt(label: str, s=settings):

@@ -35,7 +35,7 @@ FORMATS = {  # format -> writer module
     "cockroachdb": "write_cockroachdb",
 }
 EVENT_COUNTS = ("inserted", "updated", "deleted", "noop_deletes", "filled", "superseded", "duplicates", "conflicts", "truncates")
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def good_lines(fmt: str, rnd: random.Random, n: int) -> list[str]:
@@ -51,7 +51,7 @@ def good_lines(fmt: str, rnd: random.Random, n: int) -> list[str]:
         else:
             changes.append(SyntheticChange(op, {"id": key}, row, {"id": key} if op == "u" else None, seq, seq, ts))
     lines = writer.write_messages(changes)
-    return [writer.metadata_message()] + lines if fmt == "qlik" and not lines[0].startswith('{"schemaId"') else lines
+    return [writer.metadata_message(), *lines] if fmt == "qlik" and not lines[0].startswith('{"schemaId"') else lines
 
 
 # -- mutations: each takes a line (text) and returns bytes ------------------------------------
@@ -221,7 +221,7 @@ def format_trial(spark, work: Path, fmt: str, seed: int, mutations: int, big: bo
     clean = work / f"{tag}c" / "2026/03/01/12"
     clean.mkdir(parents=True, exist_ok=True)
     (clean / "a.jsonl").write_text("\n".join(good + crlf_text(head, good)) + "\n")
-    settings, alone = _run(spark, tag + "c", [clean / "a.jsonl"], work / f"{tag}c.yaml", fmt)
+    settings, _ = _run(spark, tag + "c", [clean / "a.jsonl"], work / f"{tag}c.yaml", fmt)
     want, got = _live(spark, settings, tag + "c", "items"), _live(spark, settings, tag, "items")
     if want != got:
         trial.problems.append(f"the good table differs from the good lines applied alone: {len(want)} vs {len(got)} rows; "

@@ -32,7 +32,7 @@ def _lines(schema: str, table: str, column: str, keys: range) -> list[str]:
     """Debezium PostgreSQL lines (Kafka wrapper with key) with the names replaced."""
     import datetime as dt
 
-    t0 = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
+    t0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
     changes = [SyntheticChange("c", {"id": k}, example_row(k), None, k, k, t0) for k in keys]
     out = []
     for line in pg.write_messages(changes):

@@ -65,7 +65,7 @@ def _stage_args(base: Baseline, stage: str, result_file: str, manifest: str, tab
 
 def _task(base: Baseline, trial: Trial, stage: str, args: list[str], armed: dict, retries: int = 3) -> bool:
     """One DAG task with Airflow's retries; the first attempt of the target stage is armed."""
-    for attempt in range(1, retries + 2):
+    for _ in range(retries + 2 - 1):
         point = delay = None
         if armed.get("stage") == stage and not armed.get("fired"):
             point, delay, armed["fired"] = armed.get("point"), armed.get("delay"), True

@@ -46,7 +46,7 @@ def race_trial(base: Baseline, race: str, phase: str, stagger: float = 0.0) -> T
     t0 = time.time()
     start_state(base.folder, phase)
     before = st.read_state(str(base.folder.home), SOURCE)["tables"]
-    skip = apply_args(phase) + ["--override", "skip", "--override-reason", "nemesis race"]
+    skip = [*apply_args(phase), "--override", "skip", "--override-reason", "nemesis race"]
     other = {"two-applies": apply_args(phase), "apply-vs-maintain": ["maintain", "--source", SOURCE], "apply-vs-skip": skip}[race]
     runs = _together(base, [apply_args(phase), other], stagger)
     _judge(runs, trial)

@@ -15,7 +15,7 @@ from cdc_apply.archive.files import write_jsonl
 from tests.formats import write_debezium_postgres as pg
 from tests.formats.synthetic import SyntheticChange
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 T0 = dt.datetime(2026, 1, 1, tzinfo=UTC)
 TABLES = ("items", "orders")
 SOURCE = "nem"

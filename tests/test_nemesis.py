@@ -8,7 +8,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -75,10 +77,6 @@ def test_file_faults_are_refused_loudly_or_idempotent(spark, settings, tmp_path,
 
 
 # -- the quoting of every identifier that reaches SQL (hypothesis) ------------------------------
-
-from hypothesis import given  # noqa: E402
-from hypothesis import settings as hsettings
-from hypothesis import strategies as st
 
 NAMES = st.one_of(
     st.sampled_from(["a'b", 'a"b', "a`b", "``", "x;y", "a.b", "a b", "ключ", "x" * 300, "x; DROP TABLE t", "a\\b", "'); DROP TABLE t; --"]),

@@ -44,3 +44,61 @@ def test_two_runs_recording_one_batchs_quarantine_at_once_never_double_it(spark,
         assert all("another run is applying batch" in str(e) for e in errors), errors
     _record_quarantine(spark, settings, source, "qrace_0", decoded)  # a later retry of a batch replaces, never doubles
     assert spark.sql(f"SELECT count(*) FROM {target} WHERE batch_id = 'qrace_0'").collect()[0][0] == 5
+
+
+def _skip_race_source(tmp_path, monkeypatch, name: str):
+    from cdc_apply.archive.listing import list_files
+    from tests.test_probe_apply import _file, _msg, _sources
+
+    _sources(tmp_path, monkeypatch, name)
+    _file(tmp_path / name, 0, [_msg("public", "customers", i, 100 + i) for i in (1, 2, 3)])
+    return list_files(tmp_path / name)
+
+
+def test_a_skip_recorded_while_a_run_applies_the_batch_stops_its_publish(spark, settings, tmp_path, monkeypatch):
+    """Found by the race of an apply and an operator's skip: the skip (no
+    Spark, seconds) recorded the batch skipped while the apply was writing;
+    the apply then published every table anyway and exited 0 — the ledger
+    said 'skipped' over applied rows.  A publish now finds the skip and
+    publishes nothing (transient: the rerun has nothing to do)."""
+    from cdc_apply import ledger
+    from cdc_apply.batch import finish_batch, publish_batch, run_batch, validate_batch
+    from cdc_apply.config import Settings
+    from cdc_apply.results import Override
+
+    files = _skip_race_source(tmp_path, monkeypatch, "skiprace")
+    s = Settings.from_env()
+    skipped = run_batch(s, "skiprace", files, spark=spark, override=Override("skip", "nemesis", "op"))
+    assert skipped.status == "skipped"
+    result = run_batch(s, "skiprace", files, spark=spark, stages=("write",))  # files chosen before the skip
+    assert result.tables[0].status == "written"
+    validate_batch(s, result, spark)
+    publish_batch(s, result)
+    finish_batch(s, result)
+    ident = result.tables[0].table
+    assert result.tables[0].status == "failed" and not result.tables[0].terminal
+    assert "skipped" in result.tables[0].message, result.tables[0].message
+    assert spark.sql(f"SELECT count(*) FROM {ident} WHERE NOT _cdc_deleted").collect()[0][0] == 0
+    assert ledger.published_snapshot(ledger.load_catalog(s), ident.split(".", 1)[1], result.batch_id) is None
+    assert [r["status"] for r in ledger.batch_rows(s, "skiprace") if r["table_name"] == "*"] == ["skipped"]
+
+
+def test_a_batch_published_by_a_run_cannot_be_skipped(spark, settings, tmp_path, monkeypatch):
+    """The other order: the apply published, the skip came before its finish:
+    the skip is refused (the files are applied), the finish records complete."""
+    from cdc_apply import ledger
+    from cdc_apply.batch import finish_batch, publish_batch, run_batch, validate_batch
+    from cdc_apply.config import Settings
+    from cdc_apply.errors import TerminalError
+    from cdc_apply.results import Override
+
+    files = _skip_race_source(tmp_path, monkeypatch, "skiplate")
+    s = Settings.from_env()
+    result = run_batch(s, "skiplate", files, spark=spark, stages=("write",))
+    validate_batch(s, result, spark)
+    publish_batch(s, result)
+    with pytest.raises(TerminalError, match="cannot be skipped"):
+        run_batch(s, "skiplate", files, spark=spark, override=Override("skip", "nemesis", "op"))
+    finish_batch(s, result)
+    assert result.status == "complete"
+    assert [r["status"] for r in ledger.batch_rows(s, "skiplate") if r["table_name"] == "*"] == ["complete"]

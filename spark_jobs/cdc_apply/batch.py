@@ -38,7 +38,7 @@ from cdc_apply.config import Settings, SourceConfig, get_source
 from cdc_apply.decode import DecodeContext
 from cdc_apply.decode.debezium_common import UNTYPED_NOTE
 from cdc_apply.decode.stage import decode_batch
-from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError
+from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalError
 from cdc_apply.model import CONFIG_REFUSED_PREFIX
 from cdc_apply.results import BatchResult, Override, TableResult, reason_class
 from cdc_apply.status import Status
@@ -141,6 +141,9 @@ def skip_batch(settings: Settings, source: SourceConfig, result: BatchResult, *,
     result.message = f"{override.describe()}; {len(result.files)} file(s) marked applied without applying them"
     result.started_at = dt.datetime.now(dt.timezone.utc).isoformat()
     if not dry_run:
+        published = ledger.published_tables(settings, source.namespace, result.batch_id)
+        if published:  # a run applied it meanwhile (or before its finish recorded it): its files are applied
+            raise TerminalError(f"batch {result.batch_id} is already published to {published} by a run: it cannot be skipped; nothing done")
         dropped = ledger.drop_branches(settings, source.namespace, ledger.audit_branch(result.batch_id))
         if dropped:
             result.message += f"; dropped audit branch of {dropped}"
@@ -452,6 +455,12 @@ def publish_batch(settings: Settings, result: BatchResult, table: str | None = N
         if tr.status != Status.VALIDATED or (table is not None and tr.table != table):
             continue
         catalog = catalog or ledger.load_catalog(settings)
+        if Status.SKIPPED in ledger.recorded_statuses(catalog, settings, result.batch_id):  # an operator skipped it meanwhile
+            ledger.drop_branches(settings, tr.table.split(".")[1], tr.branch, catalog)
+            tr.status, tr.terminal = Status.FAILED, False
+            tr.message = f"batch {result.batch_id} was recorded skipped by an operator while this run applied it: nothing published"
+            log.warning("%s: %s", tr.table, tr.message)
+            continue
         try:
             tr.snapshot_id = ledger.fast_forward(catalog, tr.table.split(".", 1)[1], tr.branch, expected_head=tr.branch_snapshot)
             tr.status = Status.PUBLISHED

@@ -253,6 +253,30 @@ def _already_recorded(catalog, settings: Settings, batch_id: str | None, started
     return any(r["status"] in APPLIED_STATUSES or (r["started_at"] == started and r["status"] == status) for r in rows)
 
 
+def recorded_statuses(catalog, settings: Settings, batch_id: str | None) -> set[str]:
+    """The statuses the batch rows (``table_name = '*'``) of ``batch_id`` hold."""
+    from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.expressions import And, EqualTo
+
+    try:
+        table = catalog.load_table(f"{settings.audit_namespace}.{BATCHES_TABLE}")
+    except NoSuchTableError:
+        return set()
+    rows = table.scan(row_filter=And(EqualTo("batch_id", batch_id or ""), EqualTo("table_name", "*")), selected_fields=("status",)).to_arrow()
+    return set(rows.column("status").to_pylist())
+
+
+def published_tables(settings: Settings, namespace: str, batch_id: str, catalog=None) -> list[str]:
+    """The tables of ``namespace`` whose main holds ``batch_id``: an operator's
+    skip of a batch a run has published (in part) is refused."""
+    catalog = catalog or load_catalog(settings)
+    try:
+        idents = [".".join(t) for t in catalog.list_tables(namespace)]
+    except Exception:  # no such namespace: nothing written yet
+        return []
+    return [ident for ident in idents if published_snapshot(catalog, ident, batch_id) is not None]
+
+
 def published_snapshot(catalog, identifier: str, batch_id: str) -> int | None:
     """The newest snapshot of main's ancestry written by ``batch_id`` (its
     ``cdc.batch-id``), None when main does not hold the batch: how a retried

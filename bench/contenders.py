@@ -331,12 +331,12 @@ def pyiceberg_child(args: argparse.Namespace) -> int:
     from pyiceberg.expressions import In
 
     from cdc_apply.config import Settings
-    from cdc_apply.ledger import load_catalog
+    from cdc_apply.ledger import Ledger
 
     paths = json.loads(Path(args.files_json).read_text())
     t_decode = time.perf_counter()
     rows, deletes, events = compact_in_python(paths)
-    table = load_catalog(Settings.from_env()).load_table(f"{PYICEBERG_TABLE}.{wl.TABLE}")
+    table = Ledger(Settings.from_env()).catalog.load_table(f"{PYICEBERG_TABLE}.{wl.TABLE}")
     arrow = pa.Table.from_pylist(rows, schema=table.schema().as_arrow())
     decode_seconds = time.perf_counter() - t_decode
     print(json.dumps({"phase": "ready", "rows": len(rows), "deletes": len(deletes), "events": events, "decode_seconds": decode_seconds}), flush=True)

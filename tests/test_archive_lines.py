@@ -8,7 +8,9 @@ import gzip
 import io
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from cdc_apply.archive.lines import iter_lines, open_archive, plan_pieces
 from cdc_apply.decode.stage import decode_units, file_groups

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from cdc_apply.archive.files import write_jsonl
-from cdc_apply.config import Settings
 from cdc_apply.batch import run_batch
+from cdc_apply.config import Settings
 from tests.apply_harness import live_rows
 from tests.decode.test_debezium_postgres import CASES
 from tests.formats.synthetic import SyntheticChange, example_row

@@ -7,9 +7,9 @@ import datetime as dt
 
 import pytest
 
+from cdc_apply.apply.held import HELD_KEY, carry, line_ranges, prior_in_batch
 from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.errors import AlreadyAppliedFileChanged
-from cdc_apply.apply.held import HELD_KEY, carry, line_ranges, prior_in_batch
 
 
 def f(path: str, sha: str = "a" * 64) -> ArchiveFile:

@@ -23,7 +23,7 @@ def test_two_runs_recording_one_batchs_quarantine_at_once_never_double_it(spark,
     source = SourceConfig(name="qrace", format="debezium_postgres", namespace="qrace")
     rows = [("quarantined", f"/a/f{i}.jsonl", i, f"DecodeError: bad {i}", f"raw {i}") for i in range(5)] + [("event", "/a/g.jsonl", 1, None, "{}")]
     decoded = spark.createDataFrame(rows, "status string, file string, line int, reason string, raw string")
-    ledger.ensure_audit_tables(settings)
+    ledger.Ledger(settings).ensure_audit_tables()
     target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
     for attempt in range(3):
         batch = f"qrace_{attempt}"
@@ -79,8 +79,8 @@ def test_a_skip_recorded_while_a_run_applies_the_batch_stops_its_publish(spark, 
     assert result.tables[0].status == "failed" and not result.tables[0].terminal
     assert "skipped" in result.tables[0].message, result.tables[0].message
     assert spark.sql(f"SELECT count(*) FROM {ident} WHERE NOT _cdc_deleted").collect()[0][0] == 0
-    assert ledger.published_snapshot(ledger.load_catalog(s), ident.split(".", 1)[1], result.batch_id) is None
-    assert [r["status"] for r in ledger.batch_rows(s, "skiprace") if r["table_name"] == "*"] == ["skipped"]
+    assert ledger.Ledger(s).published_snapshot(ident.split(".", 1)[1], result.batch_id) is None
+    assert [r["status"] for r in ledger.Ledger(s).batch_rows("skiprace") if r["table_name"] == "*"] == ["skipped"]
 
 
 def test_a_batch_published_by_a_run_cannot_be_skipped(spark, settings, tmp_path, monkeypatch):
@@ -101,4 +101,4 @@ def test_a_batch_published_by_a_run_cannot_be_skipped(spark, settings, tmp_path,
         run_batch(s, "skiplate", files, spark=spark, override=Override("skip", "nemesis", "op"))
     finish_batch(s, result)
     assert result.status == "complete"
-    assert [r["status"] for r in ledger.batch_rows(s, "skiplate") if r["table_name"] == "*"] == ["complete"]
+    assert [r["status"] for r in ledger.Ledger(s).batch_rows("skiplate") if r["table_name"] == "*"] == ["complete"]

@@ -32,8 +32,8 @@ def discover(
     operator: str | None = None,
 ) -> dict[str, Any]:
     from cdc_apply.archive.files import write_manifest
-    from cdc_apply.config import Settings, get_source
     from cdc_apply.batch import batch_id_for, pending_files
+    from cdc_apply.config import Settings, get_source
     from cdc_apply.results import Override
 
     settings = Settings.from_env()
@@ -78,11 +78,10 @@ def publish_table(result_file: str, table: str, outlet_events=None) -> dict[str,
     """Fast-forward main of one validated table; emit its Asset."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from cdc_apply.config import Settings
-    from cdc_apply.batch import publish_batch
-    from cdc_apply.results import load_result, save_table_result
-
     from cdc_airflow.assets import TABLES_ALIAS, table_asset
+    from cdc_apply.batch import publish_batch
+    from cdc_apply.config import Settings
+    from cdc_apply.results import load_result, save_table_result
 
     settings = Settings.from_env()
     result = load_result(result_file)
@@ -107,8 +106,8 @@ def finish(result_file: str) -> dict[str, Any]:
     the next run picks the files up again)."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from cdc_apply.config import Settings
     from cdc_apply.batch import finish_batch
+    from cdc_apply.config import Settings
     from cdc_apply.results import load_result, save_result
 
     if not Path(result_file).exists():

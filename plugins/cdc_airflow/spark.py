@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 APPLICATION = str(PROJECT_ROOT / "spark_jobs" / "apply_batch.py")
@@ -95,6 +95,7 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
         import dataclasses
 
         from airflow.sdk.exceptions import AirflowException
+
         from cdc_apply.cli import main
         from cdc_apply.config import Settings
 

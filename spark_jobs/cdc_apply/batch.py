@@ -66,7 +66,7 @@ def pending_files(
     (default: the source's archive folder); refuses applied files that changed
     — by size (their recorded SHA-256 is reused while the size is unchanged),
     or by SHA-256 with ``CDC_VERIFY_APPLIED=sha256``."""
-    records = ledger.applied_file_records(settings, source.name)
+    records = ledger.Ledger(settings).applied_file_records(source.name)
     known = records if settings.verify_applied == "size" else None
     files = list_files(source.archive_path(settings) if root is None else root, until=until, since=since, known=known)
     return ledger.not_yet_applied(files, ledger.sha256_by_path(records), f"source {source.name}")
@@ -113,7 +113,7 @@ def run_batch(
     from cdc_apply.runtime.session import get_spark
 
     spark = spark or get_spark(settings)
-    state = ledger.latest_decoder_state(settings, source.name)
+    state = ledger.Ledger(settings).latest_decoder_state(source.name)
     ctx = DecodeContext(source=source.name, primary_keys=source.primary_keys, state=state, options=source.decode_options(), declared_types=source.columns)
     if source.format in ("debezium_postgres", "debezium_sqlserver"):  # they type schemaless messages by the stored tables
         t0 = time.time()
@@ -136,18 +136,17 @@ def skip_batch(settings: Settings, source: SourceConfig, result: BatchResult, *,
     """The operator's *skip*: the batch's files are marked applied without
     being applied (recorded with the reason), and the audit branches a failed
     attempt of the same batch left behind are dropped."""
-    override = result.get_override()
     result.status = Status.DRY_RUN if dry_run else Status.SKIPPED
-    result.message = f"{override.describe()}; {len(result.files)} file(s) marked applied without applying them"
+    result.message = f"{result.describe_override()}; {len(result.files)} file(s) marked applied without applying them"
     result.started_at = dt.datetime.now(dt.timezone.utc).isoformat()
     if not dry_run:
-        published = ledger.published_tables(settings, source.namespace, result.batch_id)
+        published = ledger.Ledger(settings).published_tables(source.namespace, result.id)
         if published:  # a run applied it meanwhile (or before its finish recorded it): its files are applied
             raise TerminalError(f"batch {result.batch_id} is already published to {published} by a run: it cannot be skipped; nothing done")
-        dropped = ledger.drop_branches(settings, source.namespace, ledger.audit_branch(result.batch_id))
+        dropped = ledger.Ledger(settings).drop_branches(source.namespace, ledger.audit_branch(result.id))
         if dropped:
             result.message += f"; dropped audit branch of {dropped}"
-        ledger.record_batch(settings, result)
+        ledger.Ledger(settings).record_batch(result)
     log.warning("batch %s: %s", result.batch_id, result.message)
     return result
 
@@ -170,7 +169,7 @@ def apply_decoded(
     state plus truncate watermarks of tables not in the lake yet); None reads
     the latest from the ledger.
     """
-    state = dict(ledger.latest_decoder_state(settings, source.name) if decoder_state is None else decoder_state)
+    state = dict(ledger.Ledger(settings).latest_decoder_state(source.name) if decoder_state is None else decoder_state)
     result.started_at = dt.datetime.now(dt.timezone.utc).isoformat()
     result.stage = "write"
     # lines of partly applied files that an earlier batch accounted for are not read again
@@ -180,7 +179,7 @@ def apply_decoded(
         _refuse_config(source, status_counts, decoded)
         _carry_held(decoded, result, state, files)
         if not dry_run and result.messages.get("quarantined", 0):
-            _record_quarantine(spark, settings, source, result.batch_id, decoded)
+            _record_quarantine(spark, settings, source, result.id, decoded)
         if _quarantine_over_limit(settings, source, result):
             return result
         events = decoded.where("status = 'event'")
@@ -267,7 +266,7 @@ def _apply_tables(
     targets, refused, collisions = _targets(source, table_meta)
     if refused:
         _refuse_tables(spark, settings, source, result, events, refused, dry_run)
-    work = TableWork(spark, settings, source, result.batch_id, files, state, frozenset(result.held_files), dry_run)
+    work = TableWork(spark, settings, source, result.id, files, state, frozenset(result.held_files), dry_run)
     for meta in sorted(table_meta, key=lambda r: (r["table_name"], r["schema_name"] or "")):
         ident = source_identity(meta)
         if ident in refused:
@@ -287,7 +286,7 @@ def _refuse_config(source: SourceConfig, status_counts: dict[tuple[str, str], in
     if refused:
         def first(reason: str) -> str:
             row = decoded.where(F.col("reason") == reason).select("file", "line").orderBy("file", "line").first()
-            return f"{row['file']}:{row['line']}"
+            return f"{row['file']}:{row['line']}" if row else "?"
 
         lines = "; ".join(f"{n} message(s), first at {first(r)}: {r[len(CONFIG_REFUSED_PREFIX):]}" for r, n in refused[:5])
         more = f" (and {len(refused) - 5} more reasons)" if len(refused) > 5 else ""
@@ -329,11 +328,11 @@ def _refuse_tables(
     """Quarantine the events of refused tables (file, line, the event as JSON,
     the reason naming the table) so that the batch completes for the others;
     counted in the result and logged as a warning."""
-    identity = None
+    identity = F.lit(None).cast("string")
     for ident in refused:
         db, schema, table = json.loads(ident)
         match = F.col("database").eqNullSafe(F.lit(db)) & F.col("schema_name").eqNullSafe(F.lit(schema)) & (F.col("table_name") == table)
-        identity = (F.when if identity is None else identity.when)(match, F.lit(ident))
+        identity = F.when(match, F.lit(ident)).otherwise(identity)
     reasons = F.create_map(*[x for ident, why in refused.items() for x in (F.lit(ident), F.lit(why))])
     rows = events.withColumn("_ident", identity).where(F.col("_ident").isNotNull())
     counts = {r["_ident"]: r["n"] for r in rows.groupBy("_ident").agg(F.count(F.lit(1)).alias("n")).collect()}
@@ -348,7 +347,7 @@ def _refuse_tables(
     result.message = f"{len(refused)} table(s) refused, their {total} message(s) quarantined: {sorted(refused.values())}"
     if dry_run:
         return
-    ledger.ensure_audit_tables(settings)
+    ledger.Ledger(settings).ensure_audit_tables()
     target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
     raw = F.to_json(F.struct("database", "schema_name", "table_name", "op", "key_columns", "position", "after", "before"))
     rows = rows.select(
@@ -359,7 +358,7 @@ def _refuse_tables(
 
 
 def _record_quarantine(spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str, decoded: DataFrame) -> None:
-    ledger.ensure_audit_tables(settings)
+    ledger.Ledger(settings).ensure_audit_tables()
     target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
     rows = decoded.where("status = 'quarantined'").select(
         F.lit(batch_id).alias("batch_id"),
@@ -416,10 +415,10 @@ def validate_batch(settings: Settings, result: BatchResult, spark: SparkSession 
         spark = spark or get_spark(settings)
         spec = tables.TableSpec(identifier=tr.table, short=tr.table.split(".", 1)[1], key_columns=tr.key_columns, columns={})
         try:
-            if tr.branch_snapshot is not None and branches.branch_snapshot(spark, spec, tr.branch) != tr.branch_snapshot:
+            if tr.branch_snapshot is not None and branches.branch_snapshot(spark, spec, tr.audit_branch) != tr.branch_snapshot:
                 raise ConcurrentApply(f"branch {tr.branch!r} moved from snapshot {tr.branch_snapshot} (this run's write)")
-            branch_df = branches.read_branch(spark, spec, tr.branch) if tr.branch_snapshot is None else read_snapshot(spark, spec, tr.branch_snapshot)
-            gx_result = gate.run_gx(settings, branch_df, tr.table, tr.key_columns, result.batch_id)
+            branch_df = branches.read_branch(spark, spec, tr.audit_branch) if tr.branch_snapshot is None else read_snapshot(spark, spec, tr.branch_snapshot)
+            gx_result = gate.run_gx(settings, branch_df, tr.table, tr.key_columns, result.id)
         except Exception as exc:  # GX or Spark broke, or another run took the branch: not a data verdict, may be retried
             log.exception("validation of %s failed to run", tr.table)
             tr.status, tr.terminal = Status.FAILED, False
@@ -450,19 +449,18 @@ def publish_batch(settings: Settings, result: BatchResult, table: str | None = N
     """Fast-forward main to each validated branch (or only ``table``'s) with
     pyiceberg: no Spark needed."""
     result.stage = "publish"
-    catalog = None
+    led = ledger.Ledger(settings)
     for tr in result.tables:
         if tr.status != Status.VALIDATED or (table is not None and tr.table != table):
             continue
-        catalog = catalog or ledger.load_catalog(settings)
-        if Status.SKIPPED in ledger.recorded_statuses(catalog, settings, result.batch_id):  # an operator skipped it meanwhile
-            ledger.drop_branches(settings, tr.table.split(".")[1], tr.branch, catalog)
+        if Status.SKIPPED in led.recorded_statuses(result.batch_id):  # an operator skipped it meanwhile
+            led.drop_branches(tr.table.split(".")[1], tr.audit_branch)
             tr.status, tr.terminal = Status.FAILED, False
             tr.message = f"batch {result.batch_id} was recorded skipped by an operator while this run applied it: nothing published"
             log.warning("%s: %s", tr.table, tr.message)
             continue
         try:
-            tr.snapshot_id = ledger.fast_forward(catalog, tr.table.split(".", 1)[1], tr.branch, expected_head=tr.branch_snapshot)
+            tr.snapshot_id = led.fast_forward(tr.table.split(".", 1)[1], tr.audit_branch, expected_head=tr.branch_snapshot)
             tr.status = Status.PUBLISHED
             log.info("%s: published batch %s as snapshot %s", tr.table, result.batch_id, tr.snapshot_id)
         except CdcError as exc:
@@ -483,11 +481,10 @@ def finish_batch(settings: Settings, result: BatchResult) -> BatchResult:
     if result.status in (Status.NOTHING_TO_DO, Status.DRY_RUN, Status.SKIPPED):
         return result
     result.stage = "finish"
-    catalog = None
+    led = ledger.Ledger(settings)
     for t in result.tables:
         if t.status == Status.VALIDATED and t.branch:  # its publish may have committed, then died before saving its result
-            catalog = catalog or ledger.load_catalog(settings)
-            snap = ledger.published_snapshot(catalog, t.table.split(".", 1)[1], result.batch_id)
+            snap = led.published_snapshot(t.table.split(".", 1)[1], result.id)
             if snap is not None:
                 t.status, t.snapshot_id = Status.PUBLISHED, snap
                 log.warning("%s: found batch %s on main (snapshot %s): published by an attempt that did not save its result", t.table, result.batch_id, snap)
@@ -500,6 +497,6 @@ def finish_batch(settings: Settings, result: BatchResult) -> BatchResult:
         result.status = Status.COMPLETE
         forced = [t.table for t in result.tables if t.override]
         if result.failed_checks or forced:
-            result.message = f"{result.get_override().describe()}; let through: {result.failed_checks + forced}"
-    ledger.record_batch(settings, result)
+            result.message = f"{result.describe_override()}; let through: {result.failed_checks + forced}"
+    led.record_batch(result)
     return result

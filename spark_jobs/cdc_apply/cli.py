@@ -22,6 +22,7 @@ from pathlib import Path
 
 from cdc_apply.config import Settings, get_source, load_sources
 from cdc_apply.errors import CdcError, TerminalError
+from cdc_apply.results import BatchResult
 from cdc_apply.status import Status
 
 EXIT_TERMINAL = 2
@@ -34,7 +35,7 @@ def _ts(text: str | None) -> dt.datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
-def _emit(result, result_file: str | None, next_status: str | None = None) -> int:
+def _emit(result: BatchResult, result_file: str | None, next_status: str | None = None) -> int:
     """Exit 0 while some table can go on to the next stage (``next_status``),
     so one table's failure does not stop the others; the last stage reports it."""
     from cdc_apply.results import save_result
@@ -47,7 +48,7 @@ def _emit(result, result_file: str | None, next_status: str | None = None) -> in
     return 0
 
 
-def _emit_table(result, result_file: str, table: str) -> int:
+def _emit_table(result: BatchResult, result_file: str, table: str) -> int:
     """A per-table stage (the DAG maps them): its own file, its own exit code."""
     from cdc_apply.results import save_table_result
 
@@ -114,7 +115,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     """Per table: last batch, last position, live rows, tombstones, snapshot."""
     from cdc_apply import ledger
 
-    catalog = ledger.load_catalog(settings)
+    led = ledger.Ledger(settings)
+    catalog = led.catalog
     sources = [get_source(settings, args.source)] if args.source else list(load_sources(settings).values())
     out = []
     for src in sources:
@@ -125,7 +127,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         if args.table:
             idents = [i for i in idents if i == args.table or i.endswith("." + args.table)]
         for ident in sorted(idents):
-            led = ledger.read_table_ledger(settings, ident, catalog)
+            tled = led.table_ledger(ident)
             table = catalog.load_table(ident)
             deleted = table.scan(selected_fields=("_cdc_deleted",)).to_arrow().column("_cdc_deleted").to_pylist()
             out.append(
@@ -134,11 +136,11 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                     "table": ident,
                     "rows": sum(1 for d in deleted if not d),
                     "tombstones": sum(1 for d in deleted if d),
-                    "last_batch": led.last_batch if led else None,
-                    "last_position": led.last_position if led else None,
-                    "last_applied_at": led.last_applied_at if led else None,
-                    "batches": len(led.batches) if led else 0,
-                    "snapshot_id": led.snapshot_id if led else None,
+                    "last_batch": tled.last_batch if tled else None,
+                    "last_position": tled.last_position if tled else None,
+                    "last_applied_at": tled.last_applied_at if tled else None,
+                    "batches": len(tled.batches) if tled else 0,
+                    "snapshot_id": tled.snapshot_id if tled else None,
                 }
             )
     print(json.dumps(out, indent=2, default=str))

@@ -254,7 +254,7 @@ class SourceConfig:
     """Source table (``db.schema.table``, ``schema.table`` or ``table``) -> target
     table name, for names that collide or are not valid Iceberg names."""
 
-    def lookup(self, mapping: dict, database: str | None, schema: str | None, table: str):
+    def lookup(self, mapping: Mapping[str, Any], database: str | None, schema: str | None, table: str) -> Any:
         """The entry of ``mapping`` for a source table, most specific name first."""
         for cand in (f"{database}.{schema}.{table}", f"{schema}.{table}", table):
             if cand in mapping:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc_apply.config import operator_name
-from cdc_apply.errors import ConfigError
+from cdc_apply.errors import CdcError, ConfigError
 from cdc_apply.status import Status
 
 OVERRIDE_ACTIONS = ("force", "skip")
@@ -48,7 +48,7 @@ class Override:
             raise ConfigError(f"override {action!r} is not one of none, {', '.join(OVERRIDE_ACTIONS)}")
         if not (reason or "").strip():
             raise ConfigError(f"override {action!r} needs a reason (--override-reason / the override_reason param): it goes to the ledger")
-        return cls(action=action, reason=reason.strip(), operator=(operator or operator_name()).strip())
+        return cls(action=action, reason=(reason or "").strip(), operator=(operator or operator_name()).strip())
 
     def describe(self) -> str:
         return f"{self.action.upper()} by {self.operator}: {self.reason}"
@@ -71,6 +71,13 @@ class TableResult:
     key_columns: list[str] = field(default_factory=list)
     override: str | None = None  # set when an operator forced this table past failed checks
     branch_snapshot: int | None = None  # the audit branch head this attempt wrote: validated and published only if still the head
+
+    @property
+    def audit_branch(self) -> str:
+        """The audit branch of a written table (every stage after ``write``)."""
+        if self.branch is None:
+            raise CdcError(f"{self.table}: status {self.status} but no audit branch in the result (a result file from another version?)")
+        return self.branch
 
 
 @dataclass
@@ -96,6 +103,17 @@ class BatchResult:
 
     def get_override(self) -> Override | None:
         return Override(**self.override) if self.override else None
+
+    @property
+    def id(self) -> str:
+        """The batch id of a result with files (only nothing-to-do has none)."""
+        if self.batch_id is None:
+            raise CdcError(f"a {self.status} result of source {self.source} has no batch id")
+        return self.batch_id
+
+    def describe_override(self) -> str:
+        override = self.get_override()
+        return override.describe() if override else "no override"
 
     def table(self, name: str) -> TableResult:
         for t in self.tables:

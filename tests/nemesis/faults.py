@@ -156,12 +156,12 @@ def _converges(spark, settings, work: Path, name: str, root: Path, fault: str, t
     _apply(spark, s, clean, croot)
     if _rows(spark, s, clean) != _rows(spark, s, name):
         trial.problems.append("the tables differ from a clean source's")
-    rows = [r for r in ledger.batch_rows(s, name) if r["table_name"] == "*" and r["status"] == "complete"]
+    rows = [r for r in ledger.Ledger(s).batch_rows(name) if r["table_name"] == "*" and r["status"] == "complete"]
     paths = [f["path"] for r in rows for f in r["files"]]
     if len(paths) != len(set(paths)):
         trial.problems.append(f"a file is in two complete batches: {sorted(paths)}")
     for ident in (f"{name}.items", f"{name}.orders"):
-        led = ledger.read_table_ledger(s, ident)
+        led = ledger.Ledger(s).table_ledger(ident)
         if led is not None and len(led.batches) != len(set(led.batches)):
             trial.problems.append(f"{ident}: a batch applied twice {led.batches}")
 

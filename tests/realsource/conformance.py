@@ -147,8 +147,8 @@ def apply_pending(spark: Any, settings: Any, name: str, until: dt.datetime, res:
     """One hourly run: every pending file whose hour is before ``until``.  Checks
     that every line is accounted for; ``null`` tombstone lines that are
     quarantined are counted apart (``res.tombstones_quarantined``, a known defect)."""
-    from cdc_apply.config import get_source
     from cdc_apply.batch import pending_files, run_batch
+    from cdc_apply.config import get_source
 
     files = pending_files(settings, get_source(settings, name), until=until)
     if not files:

@@ -23,8 +23,9 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from cdc_apply.apply.compact import META_POS, quote
@@ -41,11 +42,12 @@ class GateResult:
     checks: int = 0
 
 
-def generated_expectations(key_columns: list[str]):
+def generated_expectations(key_columns: list[str]) -> list[Any]:
+    """The expectations every table gets: keys present and unique, CDC columns set."""
     import great_expectations as gx
 
     ex = gx.expectations
-    out = [ex.ExpectColumnValuesToNotBeNull(column=k) for k in key_columns]
+    out: list[Any] = [ex.ExpectColumnValuesToNotBeNull(column=k) for k in key_columns]
     if len(key_columns) == 1:
         out.append(ex.ExpectColumnValuesToBeUnique(column=key_columns[0]))
     else:
@@ -63,7 +65,7 @@ def user_suite_path(settings: Settings, identifier: str) -> Path:
     return settings.expectations_dir / f"{ns_table}.json"
 
 
-def _expectation_name(result) -> str:
+def _expectation_name(result: Any) -> str:
     cfg = result.expectation_config
     kwargs = {k: v for k, v in cfg.kwargs.items() if k in ("column", "column_list", "value_set", "min_value", "max_value", "regex")}
     return f"{cfg.type}({json.dumps(kwargs, default=str, sort_keys=True)})"
@@ -103,7 +105,7 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
     root.mkdir(parents=True, exist_ok=True)
     ctx = gx.get_context(mode="file", project_root_dir=str(root))
     try:
-        ctx.variables.progress_bars = gx.data_context.types.base.ProgressBarsConfig(globally=False)
+        ctx.variables.progress_bars = gx.data_context.types.base.ProgressBarsConfig(globally=False)  # type: ignore[attr-defined]
         ctx.variables.save()
     except Exception:  # progress bars are cosmetic
         pass
@@ -130,7 +132,7 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
             gx.Checkpoint(name=f"{suite.name}_gate", validation_definitions=[vd], actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")])
         )
         run = checkpoint.run(batch_parameters={"dataframe": df})
-        success = success and run.success
+        success = success and bool(run.success)
         for vr in run.run_results.values():
             for r in vr.results:
                 checks += 1
@@ -143,7 +145,7 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
 BROADCAST_KEYS_MAX = 2_000_000
 
 
-def _rows(cond):
+def _rows(cond: Column) -> Column:
     """How many rows meet ``cond`` (0, not NULL, for none)."""
     return F.coalesce(F.sum(F.when(cond, 1).otherwise(0)), F.lit(0))
 

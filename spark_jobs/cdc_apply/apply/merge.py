@@ -4,6 +4,8 @@ truncate watermark.  Branches themselves: ``branches``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pyspark.sql import DataFrame, SparkSession
 
 from cdc_apply.apply.branches import branch_ref
@@ -46,7 +48,7 @@ def key_range_condition(spec: TableSpec, key_ranges: dict[str, tuple] | None) ->
     return conds
 
 
-def _literal(value, spark_type: str) -> str | None:
+def _literal(value: Any, spark_type: str) -> str | None:
     if value is None:
         return None
     if spark_type in INT_TYPES:

@@ -108,7 +108,7 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
     exists = tables.table_exists(spark, spec.identifier)
     if exists:
         tables.check_source_table(spark, spec.identifier, source_identity(meta), claim=not work.dry_run)
-    led = ledger.read_table_ledger(work.settings, spec.short) if exists else None
+    led = ledger.Ledger(work.settings).table_ledger(spec.short) if exists else None
     new_files = ledger.not_yet_applied(work.files, led.files if led else {}, spec.identifier)
     if not new_files:
         tr.status = Status.SKIPPED
@@ -122,6 +122,7 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
         tr.counts = {"events": ev.count()}
         return
     tr.schema_changes += _create_or_evolve(work, spec, exists, meta)
+    truncs: Any
     if partly:  # some files were applied to this table already: count the rest
         truncs = ev.where("op = 't'").agg(F.max("position").alias("p"), F.count(F.lit(1)).alias("n")).collect()[0]
     else:
@@ -234,7 +235,8 @@ def table_spec(spark: SparkSession, settings: Settings, source: SourceConfig, me
     declared = [[(c["name"], c["type"]) for c in cols] for cols in meta["decl"] if cols]
     columns, _ = tables.resolve_columns(declared, name)
     keysets = {tuple(k) for k in meta["keys"] if k}
-    existing_cols, existing_key = ({}, [])
+    existing_cols: dict[str, str] = {}
+    existing_key: list[str] = []
     if tables.table_exists(spark, ident):
         existing_cols, existing_key = tables.existing_schema(spark, ident)
         columns = {**existing_cols, **columns}
@@ -307,7 +309,7 @@ def _own_head(spark: SparkSession, spec: tables.TableSpec, branch: str, attempt:
     the snapshot summary): another run of the batch may have reset the branch."""
     head = branches.branch_snapshot(spark, spec, branch)
     rows = [] if head is None else spark.sql(f"SELECT summary['{ATTEMPT_PROPERTY}'] AS a FROM {spec.identifier}.snapshots WHERE snapshot_id = {int(head)}").collect()
-    if not rows or rows[0]["a"] != attempt:
+    if head is None or not rows or rows[0]["a"] != attempt:
         raise ConcurrentApply(
             f"another run is applying batch {batch_id} to {spec.identifier} at the same time (the head {head} of branch {branch!r} "
             "is not this run's write); retry: the retry applies what is left, exactly once"
@@ -322,13 +324,13 @@ def read_snapshot(spark: SparkSession, spec: tables.TableSpec, snapshot_id: int)
 _CONCURRENT = ("ConcurrentApply", "ValidationException", "CommitFailedException", "CommitStateUnknownException", "Found conflicting files")
 
 
-def concurrent_apply_message(exc: BaseException, table: str, batch_id: str, branch: str) -> str | None:
+def concurrent_apply_message(exc: BaseException, table: str, batch_id: str | None, branch: str | None) -> str | None:
     """The clear, transient message of a failure that means another run is
     applying the same batch: Iceberg's optimistic concurrency let the other
     run's commit (or its reset of the shared audit branch) win.  None for
     any other failure."""
     text = f"{type(exc).__name__}: {exc}"
-    if any(marker in text for marker in _CONCURRENT) or branch in text:
+    if any(marker in text for marker in _CONCURRENT) or (branch and branch in text):
         return (
             f"{ConcurrentApply.__name__}: another run is applying batch {batch_id} to {table} at the same time "
             f"(its commit on branch {branch!r} won: {text.splitlines()[0][:300]}); retry: the retry applies what is left, exactly once"

@@ -132,7 +132,7 @@ class TableSpec:
 def resolve_columns(declared: list[list[tuple[str, str]]], table: str) -> tuple[dict[str, str], list[str]]:
     """Union of the column lists the batch's messages declare, widened."""
     columns: dict[str, str] = {}
-    notes = []
+    notes: list[str] = []
     for cols in declared:
         for name, typ in cols:
             validate_column(name, table)

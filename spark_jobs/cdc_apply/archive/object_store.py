@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from typing import Any
 from urllib.parse import urlsplit
 
+from cdc_apply.archive.files import ArchiveFile, Known
 from cdc_apply.config import S3_SCHEMES, S3Options, scheme_of
 
 
@@ -39,7 +41,7 @@ def split_uri(uri: str) -> tuple[str, str]:
     return scheme, rest
 
 
-def s3_filesystem(options: S3Options | None = None):
+def s3_filesystem(options: S3Options | None = None) -> Any:
     """pyarrow's S3 file system for the configured store (credentials: the AWS
     default chain, read by the AWS SDK itself)."""
     from pyarrow import fs as pafs
@@ -55,7 +57,7 @@ def s3_filesystem(options: S3Options | None = None):
     return pafs.S3FileSystem(**kwargs)
 
 
-def sha256_of_object(filesystem, key: str) -> str:
+def sha256_of_object(filesystem: Any, key: str) -> str:
     """SHA-256 of the object's bytes as stored (``compression=None``: pyarrow
     would otherwise gunzip a ``.gz`` object while reading it)."""
     from cdc_apply.errors import ArchiveUnreadable
@@ -73,7 +75,9 @@ def sha256_of_object(filesystem, key: str) -> str:
     return h.hexdigest()
 
 
-def list_object_files(root: str, *, since: dt.datetime | None = None, until: dt.datetime | None = None, filesystem=None, known=None):
+def list_object_files(
+    root: str, *, since: dt.datetime | None = None, until: dt.datetime | None = None, filesystem: Any = None, known: Known | None = None
+) -> list[ArchiveFile]:
     """Archive files under an ``s3://`` / ``s3a://`` prefix whose hour is in
     [since, until), oldest first — the object-store twin of
     ``archive.list_files`` with the same rules: archive suffixes only, names

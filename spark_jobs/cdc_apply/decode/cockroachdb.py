@@ -309,7 +309,7 @@ def convert(spec: FieldSpec | None, value: Any) -> str | None:
     if value is None:
         return None
     if spec is None:
-        typ = infer_type(value)
+        typ = infer_type(value) or "string"
         if typ == "string" and isinstance(value, decimal.Decimal):
             return format(value, "f")
         if typ == "string" and isinstance(value, int):
@@ -952,7 +952,7 @@ def _sniff_obj(obj: Any, depth: int) -> bool:
         except orjson.JSONDecodeError:
             return False
         return inner is None and "table" in obj or _sniff_obj(inner, depth + 1)
-    payload = obj.get("payload") if isinstance(obj.get("payload"), dict) else obj
+    payload = obj["payload"] if isinstance(obj.get("payload"), dict) else obj
     source = payload.get("source")
     if isinstance(source, dict) and source.get("origin") == "cockroachdb":
         return True

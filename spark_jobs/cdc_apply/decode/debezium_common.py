@@ -751,14 +751,14 @@ def parse_record(text: str) -> Record:
             return known
     head = _schema_text(text)
     if head is not None and head[0] in _KNOWN_SCHEMAS:
-        schema = _KNOWN_SCHEMAS[head[0]]
-        _last_known = (text[: head[1] + len(_PAYLOAD_KEY)], schema)
-        known = _payload_only(text, head[1], schema)
+        known_schema = _KNOWN_SCHEMAS[head[0]]
+        _last_known = (text[: head[1] + len(_PAYLOAD_KEY)], known_schema)
+        known = _payload_only(text, head[1], known_schema)
         if known is not None:
             return known
     obj = load_json(text)
     fresh = head is not None and head[0] not in _KNOWN_SCHEMAS and head[0] not in _UNUSABLE_SCHEMAS
-    if fresh and type(obj) is dict and obj.keys() == {"schema", "payload"}:
+    if head is not None and fresh and type(obj) is dict and obj.keys() == {"schema", "payload"}:
         _remember_schema(head[0], obj["schema"])
     if obj is None:  # a Kafka tombstone (null value) archived as the line `null`
         return Record(payload=None, schema=None, tombstone=True)
@@ -1001,6 +1001,7 @@ class DebeziumDecoder(Decoder):
         if rec.has_key:
             if not isinstance(rec.key_payload, dict) or not rec.key_payload:
                 raise DecodeError(f"Kafka key payload is not a non-empty object: {rec.key_payload!r:.80}")
+            key_specs: dict[str, FieldSpec] | None
             if rec.key_schema is not None:
                 key_specs = {s.name: s for s in struct_fields(rec.key_schema, "key")}
             else:

@@ -96,7 +96,7 @@ import json
 import re
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal, overload
 
 import orjson
 
@@ -261,7 +261,7 @@ def _timestamp_text(value: Any, spark: str, column: str, notes: list[str]) -> st
     return stamp.isoformat(sep=" ", timespec="microseconds")
 
 
-def _binary_text(value: Any) -> str:
+def _binary_text(value: Any) -> str | None:
     if not isinstance(value, str):
         raise DecodeError(f"{value!r} is not binary text")
     text = value.strip()
@@ -309,6 +309,10 @@ def _json_object(text: Any, what: str) -> dict[str, Any]:
     return obj
 
 
+@overload
+def _str_attr(env: dict[str, Any], name: str, *, required: Literal[True] = True) -> str: ...
+@overload
+def _str_attr(env: dict[str, Any], name: str, *, required: bool) -> str | None: ...
 def _str_attr(env: dict[str, Any], name: str, *, required: bool = True) -> str | None:
     value = env.get(name)
     if value is None and not required:
@@ -502,7 +506,7 @@ class SqlServerCesDecoder(Decoder):
         if not isinstance(cols, list) or not cols:
             raise DecodeError("eventsource.cols missing or empty")
         seen_index: set[int] = set()
-        specs: list[tuple[int, str, str, str]] = []
+        specs: list[tuple[int, str, Any, str]] = []  # (index, name, SQL type as given, Spark type)
         for c in cols:
             if not isinstance(c, dict):
                 raise DecodeError(f"eventsource.cols entry is not an object: {c!r}")
@@ -715,7 +719,7 @@ class SqlServerCesDecoder(Decoder):
         if first_seg.style == "split":
             totals = {seg.total for _, _, _, seg in kept}
             if len(totals) != 1:
-                raise DecodeError(f"segments disagree on splittotalcnt: {sorted(totals)}")
+                raise DecodeError(f"segments disagree on splittotalcnt: {sorted(totals, key=str)}")
             n = totals.pop() or 0
             if 0 in indices and n in indices:
                 raise DecodeError(f"segment indices {indices} mix 0-based and 1-based numbering of {n}")

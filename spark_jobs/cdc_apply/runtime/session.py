@@ -49,6 +49,8 @@ def remote_session(settings: Settings) -> SparkSession:
     from cdc_apply.errors import ConfigError, SparkUnavailable
 
     url = settings.spark_remote
+    if url is None:
+        raise ConfigError("remote_session needs CDC_SPARK_REMOTE")
     try:
         check_listening(url)
         spark = SparkSession.builder.remote(url).getOrCreate()

@@ -43,7 +43,9 @@ def test_kill_9_of_the_dags_publish_after_its_fast_forward_then_retry_equals_the
     publish task is killed right after its fast-forward commit and retried."""
     from tests.nemesis import kills
 
-    _ok(kills.staged_trial(baseline, "all", "publish", point="fast-forwarded", per_table=False))
+    trial = kills.staged_trial(baseline, "all", "publish", point="fast-forwarded", per_table=False)
+    _ok(trial)
+    assert trial.figures["killed"] == 1, trial.line()
 
 
 def test_two_applies_of_one_batch_at_once_converge(baseline):

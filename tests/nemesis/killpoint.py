@@ -21,9 +21,9 @@ POINTS = {
     "merge-committed": ("cdc_apply.apply.merge", "merge_changes", "after"),
     "ledger-committed": ("cdc_apply.apply.branches", "ledger_commit", "after"),
     "gate-run": ("cdc_apply.apply.gate", "run_gx", "after"),
-    "fast-forwarded": ("cdc_apply.ledger", "fast_forward", "after"),
-    "before-ledger-append": ("cdc_apply.ledger", "record_batch", "before"),
-    "ledger-appended": ("cdc_apply.ledger", "_append", "after"),
+    "fast-forwarded": ("cdc_apply.ledger", "Ledger.fast_forward", "after"),
+    "before-ledger-append": ("cdc_apply.ledger", "Ledger.record_batch", "before"),
+    "ledger-appended": ("cdc_apply.ledger", "Ledger._append", "after"),
     "result-saved": ("cdc_apply.results", "save_result", "before"),
     "table-result-saved": ("cdc_apply.results", "save_table_result", "before"),
 }
@@ -46,7 +46,9 @@ def arm(point: str) -> None:
     name, _, nth = point.partition("@")
     module, attr, when = POINTS[name]
     mod = importlib.import_module(module)
-    real = getattr(mod, attr)
+    owner_name, _, attr = attr.rpartition(".")
+    owner = getattr(mod, owner_name) if owner_name else mod  # a module function, or a method of a class
+    real = getattr(owner, attr)
     calls = {"n": 0}
     target = int(nth or 1)
 
@@ -59,7 +61,9 @@ def arm(point: str) -> None:
             die()
         return out
 
-    setattr(mod, attr, wrapped)
+    setattr(owner, attr, wrapped)
+    if owner_name:
+        return
     # modules that imported the function by name get the wrapped one too
     for other in list(sys.modules.values()):
         if getattr(other, "__name__", "").startswith("cdc_apply") and getattr(other, attr, None) is real:

@@ -28,6 +28,8 @@ def _later_phases(base: Baseline, phase: str) -> None:
 def _landed(run: Run, trial: Trial) -> None:
     trial.notes.append("killed" if run.killed else f"ended before the kill (exit {run.code})")
     trial.figures["killed"] = int(run.killed)
+    if not run.killed and run.code not in (0, None):  # the armed run broke on its own: the trial tests nothing
+        trial.problems.append(f"the armed run failed before its kill point:\n{run.tail()}")
 
 
 def rerun_until_done(folder: Folder, args: list[str], trial: Trial, reruns: int = RERUNS) -> bool:

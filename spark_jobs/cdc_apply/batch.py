@@ -38,7 +38,7 @@ from cdc_apply.config import Settings, SourceConfig, get_source
 from cdc_apply.decode import DecodeContext
 from cdc_apply.decode.debezium_common import UNTYPED_NOTE
 from cdc_apply.decode.stage import decode_batch
-from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError
+from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalError
 from cdc_apply.model import CONFIG_REFUSED_PREFIX
 from cdc_apply.results import BatchResult, Override, TableResult, reason_class
 from cdc_apply.status import Status
@@ -140,6 +140,9 @@ def skip_batch(settings: Settings, source: SourceConfig, result: BatchResult, *,
     result.message = f"{result.describe_override()}; {len(result.files)} file(s) marked applied without applying them"
     result.started_at = dt.datetime.now(dt.timezone.utc).isoformat()
     if not dry_run:
+        published = ledger.Ledger(settings).published_tables(source.namespace, result.id)
+        if published:  # a run applied it meanwhile (or before its finish recorded it): its files are applied
+            raise TerminalError(f"batch {result.batch_id} is already published to {published} by a run: it cannot be skipped; nothing done")
         dropped = ledger.Ledger(settings).drop_branches(source.namespace, ledger.audit_branch(result.id))
         if dropped:
             result.message += f"; dropped audit branch of {dropped}"
@@ -408,36 +411,56 @@ def _refuse_tables(
         return
     ledger.Ledger(settings).ensure_audit_tables()
     target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
-    spark.sql(f"DELETE FROM {target} WHERE batch_id = {tables.sql_string(result.id)} AND reason LIKE 'refused table %'")
     raw = F.to_json(F.struct("database", "schema_name", "table_name", "op", "key_columns", "position", "after", "before"))
-    (
-        rows.select(
-            F.lit(result.batch_id).alias("batch_id"), F.lit(source.name).alias("source"), "file", "line",
-            reasons[F.col("_ident")].alias("reason"), raw.alias("raw"), F.current_timestamp().alias("recorded_at"),
-        )
-        .writeTo(target)
-        .append()
+    rows = rows.select(
+        F.lit(result.batch_id).alias("batch_id"), F.lit(source.name).alias("source"), "file", "line",
+        reasons[F.col("_ident")].alias("reason"), raw.alias("raw"), F.current_timestamp().alias("recorded_at"),
     )
+    _write_quarantine(spark, target, rows, result.batch_id, "reason LIKE 'refused table %'")
 
 
 def _record_quarantine(spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str, decoded: DataFrame) -> None:
     ledger.Ledger(settings).ensure_audit_tables()
     target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
-    spark.sql(f"DELETE FROM {target} WHERE batch_id = '{batch_id}'")  # a retry replaces, never doubles
-    (
-        decoded.where("status = 'quarantined'")
-        .select(
-            F.lit(batch_id).alias("batch_id"),
-            F.lit(source.name).alias("source"),
-            "file",
-            "line",
-            "reason",
-            "raw",
-            F.current_timestamp().alias("recorded_at"),
-        )
-        .writeTo(target)
-        .append()
+    rows = decoded.where("status = 'quarantined'").select(
+        F.lit(batch_id).alias("batch_id"),
+        F.lit(source.name).alias("source"),
+        "file",
+        "line",
+        "reason",
+        "raw",
+        F.current_timestamp().alias("recorded_at"),
     )
+    _write_quarantine(spark, target, rows, batch_id, "NOT (reason LIKE 'refused table %')")
+
+
+def _write_quarantine(spark: SparkSession, target: str, rows: DataFrame, batch_id: str, scope: str, attempts: int = 4) -> None:
+    """Make the batch's quarantine rows of ``scope`` (a condition on the
+    target's ``reason``) exactly ``rows``, in one MERGE: a retry of the batch
+    replaces them, and two runs of one batch at once never double them (a
+    delete then an append did: both deleted nothing, both appended).  The
+    later commit fails Iceberg's conflict check and is retried, finding the
+    rows there; after ``attempts`` it fails transient (ConcurrentApply)."""
+    view = f"_cdc_quarantine_{abs(hash((batch_id, scope, time.time()))):x}"
+    rows.createOrReplaceTempView(view)
+    on = "t.batch_id = s.batch_id AND t.file <=> s.file AND t.line <=> s.line AND t.reason <=> s.reason AND t.raw <=> s.raw"
+    mine = f"t.batch_id = {tables.sql_string(batch_id)} AND {scope.replace('reason', 't.reason')}"
+    sql = f"MERGE INTO {target} t USING {view} s ON {on} WHEN NOT MATCHED THEN INSERT * WHEN NOT MATCHED BY SOURCE AND {mine} THEN DELETE"
+    try:
+        for attempt in range(1, attempts + 1):
+            try:
+                spark.sql(sql)
+                return
+            except Exception as exc:
+                msg = concurrent_apply_message(exc, target, batch_id, "(quarantine)")
+                if msg is None:
+                    raise
+                if attempt == attempts:
+                    raise ConcurrentApply(msg) from None
+                log.warning("batch %s: quarantine write lost a commit race (attempt %d), retrying: %s", batch_id, attempt, str(exc).splitlines()[0][:200])
+                time.sleep(0.5 * attempt)
+    finally:
+        spark.catalog.dropTempView(view)
 
 
 def validate_batch(settings: Settings, result: BatchResult, spark: SparkSession | None = None, table: str | None = None) -> BatchResult:
@@ -491,6 +514,12 @@ def publish_batch(settings: Settings, result: BatchResult, table: str | None = N
     led = ledger.Ledger(settings)
     for tr in result.tables:
         if tr.status != Status.VALIDATED or (table is not None and tr.table != table):
+            continue
+        if Status.SKIPPED in led.recorded_statuses(result.batch_id):  # an operator skipped it meanwhile
+            led.drop_branches(tr.table.split(".")[1], tr.audit_branch)
+            tr.status, tr.terminal = Status.FAILED, False
+            tr.message = f"batch {result.batch_id} was recorded skipped by an operator while this run applied it: nothing published"
+            log.warning("%s: %s", tr.table, tr.message)
             continue
         try:
             tr.snapshot_id = led.fast_forward(tr.table.split(".", 1)[1], tr.audit_branch, expected_head=tr.branch_snapshot)

@@ -262,6 +262,27 @@ class Ledger:
                 return snap.snapshot_id
         return None
 
+    def recorded_statuses(self, batch_id: str | None) -> set[str]:
+        """The statuses the batch rows (``table_name = '*'``) of ``batch_id`` hold."""
+        from pyiceberg.exceptions import NoSuchTableError
+        from pyiceberg.expressions import And
+
+        try:
+            table = self.catalog.load_table(self.batches_table)
+        except NoSuchTableError:
+            return set()
+        rows = table.scan(row_filter=And(_eq("batch_id", batch_id or ""), _eq("table_name", "*")), selected_fields=("status",)).to_arrow()
+        return set(rows.column("status").to_pylist())
+
+    def published_tables(self, namespace: str, batch_id: str) -> list[str]:
+        """The tables of ``namespace`` whose main holds ``batch_id``: an
+        operator's skip of a batch a run has published (in part) is refused."""
+        try:
+            idents = [".".join(t) for t in self.catalog.list_tables(namespace)]
+        except Exception:  # no such namespace: nothing written yet
+            return []
+        return [ident for ident in idents if self.published_snapshot(ident, batch_id) is not None]
+
     # -- writes (the publish stage needs no Spark) -----------------------------
 
     def ensure_audit_tables(self) -> None:

@@ -106,6 +106,8 @@ class Decoder:
             return self.decode_message(msg)
         except (DecodeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             return [quarantine(msg, exc)]
+        except RecursionError:  # a document nested deeper than a recursive step of a decoder can walk
+            return [quarantine(msg, "DecodeError: the message is nested deeper than the decoder can read (depth limit exceeded)")]
 
     def decode_message(self, msg: RawMessage) -> list[Outcome]:
         raise NotImplementedError

@@ -169,6 +169,8 @@ def load_json(text: str, what: str = "message") -> Any:
         return json.loads(text, parse_float=decimal.Decimal, parse_constant=_reject_constant)
     except ValueError as exc:
         raise DecodeError(f"malformed JSON in {what}: {exc}") from exc
+    except RecursionError:  # orjson refused it for its depth (> 1024); the stdlib parser recursed out
+        raise DecodeError(f"malformed JSON in {what}: nested deeper than the JSON reader allows (depth limit exceeded)") from None
 
 
 def parse_hlc(value: Any, what: str = "timestamp") -> tuple[int, int]:

@@ -1,0 +1,104 @@
+"""Regression tests of what the nemesis (issue 18, ``tests/nemesis/``) found,
+one per defect, on real Spark + Iceberg."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+
+def test_two_runs_recording_one_batchs_quarantine_at_once_never_double_it(spark, settings):
+    """Found by the race of two applies of one batch: both deleted the batch's
+    quarantine rows (none yet), then both appended them: every row twice.
+    The write is one MERGE now; Iceberg's commit check makes the later one
+    retry, and the retry finds the rows there."""
+    from cdc_apply import ledger
+    from cdc_apply.batch import _record_quarantine
+    from cdc_apply.config import SourceConfig
+
+    source = SourceConfig(name="qrace", format="debezium_postgres", namespace="qrace")
+    rows = [("quarantined", f"/a/f{i}.jsonl", i, f"DecodeError: bad {i}", f"raw {i}") for i in range(5)] + [("event", "/a/g.jsonl", 1, None, "{}")]
+    decoded = spark.createDataFrame(rows, "status string, file string, line int, reason string, raw string")
+    ledger.Ledger(settings).ensure_audit_tables()
+    target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
+    for attempt in range(3):
+        batch = f"qrace_{attempt}"
+        barrier, errors = threading.Barrier(2), []
+
+        def write(barrier=barrier, batch=batch, errors=errors):
+            barrier.wait()
+            try:
+                _record_quarantine(spark, settings, source, batch, decoded)
+            except Exception as exc:  # a loser may fail (transient, clearly): never double
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write) for _ in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        got = Counter((r["file"], r["line"]) for r in spark.sql(f"SELECT file, line FROM {target} WHERE batch_id = '{batch}'").collect())
+        assert set(got) == {(f"/a/f{i}.jsonl", i) for i in range(5)} and set(got.values()) == {1}, (got, errors)
+        assert all("another run is applying batch" in str(e) for e in errors), errors
+    _record_quarantine(spark, settings, source, "qrace_0", decoded)  # a later retry of a batch replaces, never doubles
+    assert spark.sql(f"SELECT count(*) FROM {target} WHERE batch_id = 'qrace_0'").collect()[0][0] == 5
+
+
+def _skip_race_source(tmp_path, monkeypatch, name: str):
+    from cdc_apply.archive.listing import list_files
+    from tests.test_probe_apply import _file, _msg, _sources
+
+    _sources(tmp_path, monkeypatch, name)
+    _file(tmp_path / name, 0, [_msg("public", "customers", i, 100 + i) for i in (1, 2, 3)])
+    return list_files(tmp_path / name)
+
+
+def test_a_skip_recorded_while_a_run_applies_the_batch_stops_its_publish(spark, settings, tmp_path, monkeypatch):
+    """Found by the race of an apply and an operator's skip: the skip (no
+    Spark, seconds) recorded the batch skipped while the apply was writing;
+    the apply then published every table anyway and exited 0 — the ledger
+    said 'skipped' over applied rows.  A publish now finds the skip and
+    publishes nothing (transient: the rerun has nothing to do)."""
+    from cdc_apply import ledger
+    from cdc_apply.batch import finish_batch, publish_batch, run_batch, validate_batch
+    from cdc_apply.config import Settings
+    from cdc_apply.results import Override
+
+    files = _skip_race_source(tmp_path, monkeypatch, "skiprace")
+    s = Settings.from_env()
+    skipped = run_batch(s, "skiprace", files, spark=spark, override=Override("skip", "nemesis", "op"))
+    assert skipped.status == "skipped"
+    result = run_batch(s, "skiprace", files, spark=spark, stages=("write",))  # files chosen before the skip
+    assert result.tables[0].status == "written"
+    validate_batch(s, result, spark)
+    publish_batch(s, result)
+    finish_batch(s, result)
+    ident = result.tables[0].table
+    assert result.tables[0].status == "failed" and not result.tables[0].terminal
+    assert "skipped" in result.tables[0].message, result.tables[0].message
+    assert spark.sql(f"SELECT count(*) FROM {ident} WHERE NOT _cdc_deleted").collect()[0][0] == 0
+    assert ledger.Ledger(s).published_snapshot(ident.split(".", 1)[1], result.batch_id) is None
+    assert [r["status"] for r in ledger.Ledger(s).batch_rows("skiprace") if r["table_name"] == "*"] == ["skipped"]
+
+
+def test_a_batch_published_by_a_run_cannot_be_skipped(spark, settings, tmp_path, monkeypatch):
+    """The other order: the apply published, the skip came before its finish:
+    the skip is refused (the files are applied), the finish records complete."""
+    from cdc_apply import ledger
+    from cdc_apply.batch import finish_batch, publish_batch, run_batch, validate_batch
+    from cdc_apply.config import Settings
+    from cdc_apply.errors import TerminalError
+    from cdc_apply.results import Override
+
+    files = _skip_race_source(tmp_path, monkeypatch, "skiplate")
+    s = Settings.from_env()
+    result = run_batch(s, "skiplate", files, spark=spark, stages=("write",))
+    validate_batch(s, result, spark)
+    publish_batch(s, result)
+    with pytest.raises(TerminalError, match="cannot be skipped"):
+        run_batch(s, "skiplate", files, spark=spark, override=Override("skip", "nemesis", "op"))
+    finish_batch(s, result)
+    assert result.status == "complete"
+    assert [r["status"] for r in ledger.Ledger(s).batch_rows("skiplate") if r["table_name"] == "*"] == ["complete"]

@@ -33,7 +33,7 @@ def test_the_first_job_writes_the_archive_and_the_next_ones_start_from_it(tmp_pa
     assert archive == ca.archive_path(tmp_path, [], OPTS)
     assert not list(tmp_path.glob("*.lock")) and not list(tmp_path.glob("*.partial"))
     with ca.driver_with_archive({KEY: OPTS}, [], tmp_path, OPTS) as conf:
-        assert conf[KEY] == f"{OPTS} -XX:SharedArchiveFile={archive}"
+        assert conf[KEY] == f"{OPTS} -Xlog:cds*=off -XX:SharedArchiveFile={archive}"  # CDS warnings off (issue 22)
         assert "sharing" in java(conf).stderr
     assert ca.loads(archive)
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .config import spark_home
+from .logs import jvm_options
 
 STALE_LOCK_SECONDS = 3600
 """a lock older than this was left by a job that did not finish: taken over"""
@@ -104,7 +105,7 @@ def driver_with_archive(conf: dict[str, str], jars: list[str], directory: Path, 
         return
     archive = archive_path(directory, jars, options)
     if archive.is_file():
-        yield {**conf, JAVA_OPTIONS: f"{options} -XX:SharedArchiveFile={archive}".strip()}
+        yield {**conf, JAVA_OPTIONS: " ".join(o for o in (options, jvm_options(), f"-XX:SharedArchiveFile={archive}") if o)}
         return
     lock = archive.with_suffix(".lock")
     try:
@@ -118,7 +119,7 @@ def driver_with_archive(conf: dict[str, str], jars: list[str], directory: Path, 
     partial = archive.with_suffix(".partial")
     try:
         partial.unlink(missing_ok=True)
-        yield {**conf, JAVA_OPTIONS: f"{options} -XX:ArchiveClassesAtExit={partial}".strip()}
+        yield {**conf, JAVA_OPTIONS: " ".join(o for o in (options, jvm_options(), f"-XX:ArchiveClassesAtExit={partial}") if o)}
     finally:
         try:
             if partial.is_file() and loads(partial):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -48,10 +47,10 @@ def _emit(result, result_file: str | None, next_status: str | None = None) -> in
 
 def _emit_table(result, result_file: str, table: str) -> int:
     """A per-table stage (the DAG maps them): its own file, its own exit code."""
-    from .results import save_table_result
+    from .results import ids_as_strings, save_table_result
 
     tr = result.table(table)
-    print(json.dumps({"batch_id": result.batch_id, **tr.__dict__}, default=str, indent=2))
+    print(json.dumps({"batch_id": result.batch_id, **ids_as_strings(tr.__dict__)}, default=str, indent=2))
     save_table_result(result_file, tr)
     if tr.status == "failed":
         return EXIT_TERMINAL if tr.terminal else 1
@@ -131,7 +130,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                     "last_position": led.last_position if led else None,
                     "last_applied_at": led.last_applied_at if led else None,
                     "batches": len(led.batches) if led else 0,
-                    "snapshot_id": led.snapshot_id if led else None,
+                    "snapshot_id": str(led.snapshot_id) if led and led.snapshot_id is not None else None,  # 64-bit: a string (JSON readers round numbers)
                 }
             )
     print(json.dumps(out, indent=2, default=str))
@@ -219,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logs import configure as configure_logging
+
+    configure_logging()  # project INFO, library chatter off (CDC_LOG_VERBOSE=1 brings it back)
     args = build_parser().parse_args(argv)
     settings = None
     try:

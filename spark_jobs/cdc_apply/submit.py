@@ -74,7 +74,9 @@ def driver_conf(settings: Settings, *, short_lived: bool = True) -> dict[str, st
     }
     if short_lived:
         conf["spark.driver.extraJavaOptions"] = DRIVER_JAVA_OPTIONS
-    return {**conf, **iceberg_conf(settings)}
+    from .logs import spark_conf as quiet_logs
+
+    return {**conf, **quiet_logs(), **iceberg_conf(settings)}
 
 
 def submit_settings() -> dict[str, Any]:

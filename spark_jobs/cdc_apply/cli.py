@@ -37,7 +37,7 @@ def _emit(result, result_file: str | None, next_status: str | None = None) -> in
     so one table's failure does not stop the others; the last stage reports it."""
     from .results import save_result
 
-    print(result.to_json())
+    print(result.to_json() if sys.stdout.isatty() else json.dumps(json.loads(result.to_json()), separators=(",", ":")))  # one line in a task log
     if result_file:
         save_result(result_file, result)
     if result.status == "failed" and not (next_status and result.pending(next_status)):
@@ -50,7 +50,7 @@ def _emit_table(result, result_file: str, table: str) -> int:
     from .results import ids_as_strings, save_table_result
 
     tr = result.table(table)
-    print(json.dumps({"batch_id": result.batch_id, **ids_as_strings(tr.__dict__)}, default=str, indent=2))
+    print(json.dumps({"batch_id": result.batch_id, **ids_as_strings(tr.__dict__)}, default=str, indent=2 if sys.stdout.isatty() else None))
     save_table_result(result_file, tr)
     if tr.status == "failed":
         return EXIT_TERMINAL if tr.terminal else 1

@@ -43,7 +43,7 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
 
-    @task(multiple_outputs=True, retries=0)  # a configuration error: retrying cannot help
+    @task(multiple_outputs=True)  # a configuration error raises AirflowFailException: not retried
     def discover(params=None, data_interval_end=None, dag_run=None, ti=None):
         from airflow.sdk.exceptions import AirflowFailException
 
@@ -110,7 +110,7 @@ with DAG(
 
         return _finish(result_file)
 
-    @task(trigger_rule="all_done", retries=0)
+    @task(trigger_rule="all_done")
     def report(ti=None):
         """Summarises every run, a failed one too (with the next step)."""
         from cdc_airflow.discovery import report as _report

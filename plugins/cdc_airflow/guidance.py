@@ -113,6 +113,9 @@ def headline(result: dict[str, Any] | None) -> str:
         if applied:
             head += f"; applied {n} change(s) to {len(applied)} other table(s)"
         return head + (f" - {(result.get('message') or '')[:300]}" if not failed else " (gate failed: fix and re-run, or force / skip with a reason)")
+    written = [t for t in tables if t.get("status") in ("written", "validated")]
+    if written and not applied:  # the write stage's result: nothing is published yet
+        return f"wrote {sum(changes(t.get('counts')) for t in written)} change(s) to {len(written)} table(s) on their audit branches (published after the gate)"
     head = f"applied {n} change(s) to {len(applied)} table(s)"
     forced = [t for t in tables if t.get("override")]
     if forced or override.get("action") == "force":

@@ -24,13 +24,17 @@ log = logging.getLogger(__name__)
 
 
 def _xcom(dag_run, task_id: str, key: str = "return_value") -> Any:
+    """A task's XCom of this run, read in the scheduler's own session."""
+    import contextlib
+
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
-    from sqlalchemy import select
+    from sqlalchemy.orm import object_session
 
-    with create_session() as session:
-        row = session.scalars(XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id, task_ids=task_id, key=key).with_only_columns(XComModel.value)).first()
-    return None if row is None else XComModel.deserialize_value(type("R", (), {"value": row})())
+    session = object_session(dag_run)
+    with contextlib.nullcontext(session) if session is not None else create_session() as s:
+        row = s.scalars(XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id, task_ids=task_id, key=key)).first()
+        return None if row is None else XComModel.deserialize_value(row)
 
 
 def run_note(found: dict[str, Any] | None, error: str | None) -> str:

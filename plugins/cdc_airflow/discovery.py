@@ -43,6 +43,9 @@ def discover(
         return _discover(source, data_interval_end, run_id, max_files, table_filter=table_filter, dry_run=dry_run,
                          override=override, override_reason=override_reason, operator=operator)
     except TerminalError as exc:
+        import logging
+
+        logging.getLogger("cdc_apply.discover").error("%s", config_steps(str(exc)))
         raise AirflowFailException(config_steps(str(exc))) from None
 
 
@@ -160,7 +163,11 @@ def finish(result_file: str | None) -> dict[str, Any]:
         "tables": [{"table": t.table, "status": t.status, "counts": t.counts, "snapshot_id": _id(t.snapshot_id), "data_docs": t.data_docs, "override": t.override} for t in result.tables],
     }
     if result.status == "failed":
-        raise AirflowFailException(f"{headline(summary)}\nbatch {result.batch_id}: {result.message}\n{next_steps(result.source, result.batch_id)}")
+        import logging
+
+        text = f"{headline(summary)}\nbatch {result.batch_id}: {result.message}\n{next_steps(result.source, result.batch_id)}"
+        logging.getLogger("cdc_apply.finish").error("%s", text)
+        raise AirflowFailException(text)
     return summary
 
 
@@ -168,21 +175,24 @@ def report(found: dict[str, Any] | None) -> None:
     """What the run did, in a few lines at their level: the batch's headline,
     one line per table (changes, snapshot, Data Docs), and on a failure the
     next step.  Runs whatever happened upstream (its trigger rule), so a
-    failed run is summarised too."""
+    failed run is summarised too; it then fails as well (the last task
+    decides the run's state), saying so."""
     import json
     import logging
 
-    from cdc_airflow.guidance import next_steps, summary
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from cdc_airflow.guidance import headline, next_steps, summary
 
     log = logging.getLogger("cdc_apply.report")
     if not found:
         log.error("no batch: discover failed (a configuration error; its log says what to fix)")
-        return
+        raise AirflowFailException("the run failed in discover: no batch was started")
     log.info("discovered %s file(s) (%s bytes) for source %s until %s", found["files"], found["bytes"], found["source"], found["until"] or "now")
     path = Path(found["result_file"])
     if not path.exists():
         log.error("no batch result at %s: the apply task did not write one (see its log)", path)
-        return
+        raise AirflowFailException("the run failed before the batch wrote its result (see the apply task)")
     from cdc_apply.results import load_result
 
     folded = json.loads(load_result(path).to_json())  # the per-table stages folded in
@@ -190,5 +200,5 @@ def report(found: dict[str, Any] | None) -> None:
         folded["status"] = "failed"
         log.error("%s", summary(folded))
         log.error("%s", next_steps(found["source"], folded.get("batch_id")))
-    else:
-        log.info("%s", summary(folded))
+        raise AirflowFailException(f"{headline(folded)} (summary and next step above)")
+    log.info("%s", summary(folded))

@@ -76,7 +76,7 @@ def config_steps(message: str) -> str:
 
 def table_line(t: dict[str, Any]) -> str:
     counts = t.get("counts") or {}
-    shown = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+    shown = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k != "keys")
     parts = [f"{t.get('table')}: {t.get('status')}", f"{changes(counts)} change(s)" + (f" ({shown})" if shown else "")]
     if t.get("snapshot_id"):
         parts.append(f"snapshot {t['snapshot_id']}")

@@ -73,9 +73,10 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
                 from cdc_airflow.guidance import next_steps
 
                 source = context["params"].get("source", "")
-                raise AirflowFailException(
-                    f"terminal failure, not retried: {result.get('message')}\n{next_steps(source, result.get('batch_id'))}"
-                ) from exc
+                steps = next_steps(source, result.get("batch_id"))
+                self.log.error("terminal failure, not retried: %s", result.get("message"))
+                self.log.error("%s", steps)
+                raise AirflowFailException(f"terminal failure, not retried: {result.get('message')}\n{steps}") from exc
             raise
         result = self._result() or {}
         self._log_result(result)
@@ -148,6 +149,12 @@ _LEVEL = re.compile(r"^(?:\S+ \S+|\d\d/\d\d/\d\d \d\d:\d\d:\d\d)[ ,.\d]* (DEBUG|
 """the level of a job line: ours (``2026-01-01 03:00:00,123 WARNING name: ...``,
 cdc_apply/logs.py) or log4j's (``26/01/01 03:00:00 WARN Class: ...``)"""
 _LEVELS = {"DEBUG": "debug", "INFO": "info", "WARN": "warning", "WARNING": "warning", "ERROR": "error", "CRITICAL": "critical", "FATAL": "critical"}
+_CHATTER = re.compile(
+    r"^(?:\d\d/\d\d/\d\d \d\d:\d\d:\d\d (?:INFO \w+|WARN (?:Utils: (?:Your hostname|Set SPARK_LOCAL_IP|Service 'SparkUI' could not bind)|NativeCodeLoader|SparkStringUtils: Truncated))"
+    r"|WARNING: Using incubator modules|Using Spark's default log4j profile|Setting Spark log level to)"
+)
+"""Spark's start-up lines (before its log level applies) and its warnings that
+ask nothing of an operator: DEBUG (CDC_LOG_VERBOSE=1 keeps them)"""
 
 
 class LevelByLine:
@@ -171,10 +178,17 @@ class LevelByLine:
             self._level = "error"
         elif self._level == "warning" and not text.startswith(("at ", "File ", "Caused by", "...")):
             self._level = "info"
-        getattr(self._inner, self._level)(msg, *args, **kwargs)
+        level = "debug" if not args and _CHATTER.match(text) and not _verbose() else self._level
+        getattr(self._inner, level)(msg, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def _verbose() -> bool:
+    from cdc_apply.logs import verbose
+
+    return verbose()
 
 
 def _terminal(result: dict[str, Any]) -> bool:

@@ -104,6 +104,8 @@ class Ui:
         """The task log as the UI gets it: structured lines (event, level, ...)."""
         path = f"/dags/cdc_apply/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/logs/{try_number}?map_index={map_index}"
         r = requests.get(f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.sa.token}", "Accept": "application/json"}, timeout=60)
+        if r.status_code == 404:  # a try that never started (no log)
+            return []
         assert r.ok, r.text
         content = r.json()["content"]
         return [c if isinstance(c, dict) else {"event": str(c)} for c in content]

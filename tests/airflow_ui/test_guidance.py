@@ -60,8 +60,16 @@ def test_job_lines_are_logged_at_their_own_level():
         'File "x.py", line 1, in <module>',
     ]:
         log.info(line)
-    assert [lvl for lvl, _ in rec.lines] == ["info", "warning", "info", "warning", "error", "error", "info", "error", "error"]
+    assert [lvl for lvl, _ in rec.lines] == ["info", "warning", "info", "debug", "error", "error", "info", "error", "error"]  # NativeCodeLoader: chatter
     log.info("Identified spark driver id: %s", "d1")  # the hook's own lines stay INFO
+    assert rec.lines[-1] == ("info", "Identified spark driver id: d1")
+    for chatter in ["26/11/25 03:57:03 INFO SparkContext: Running Spark version 4.1.3", "Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties",
+                    "26/11/25 03:56:58 WARN NativeCodeLoader: Unable to load native-hadoop library for your platform"]:
+        log.info(chatter)
+        assert rec.lines[-1] == ("debug", chatter)
+    log.info("26/11/25 03:57:05 WARN MemoryStore: Not enough space to cache rdd_1_0")  # a warning that matters stays one
+    assert rec.lines[-1][0] == "warning"
+    log.info("Identified spark driver id: %s", "d1")
     assert rec.lines[-1] == ("info", "Identified spark driver id: d1")
 
 

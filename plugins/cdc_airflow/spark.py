@@ -76,7 +76,8 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
                 steps = next_steps(source, result.get("batch_id"))
                 self.log.error("terminal failure, not retried: %s", result.get("message"))
                 self.log.error("%s", steps)
-                raise AirflowFailException(f"terminal failure, not retried: {result.get('message')}\n{steps}") from exc
+                # from None: the provider's error repeats the job's output (logged above) and hides the next step
+                raise AirflowFailException(f"terminal failure, not retried: {result.get('message')}\n{steps}") from None
             raise
         result = self._result() or {}
         self._log_result(result)

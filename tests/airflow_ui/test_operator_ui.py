@@ -16,7 +16,6 @@ import json
 import os
 import re
 import time
-from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -101,13 +100,17 @@ def test_a_failed_gate_says_what_to_do_next_and_report_still_summarises(ui, fail
 
     needs_browser()
     page = ui.page(f"/dags/cdc_apply/runs/{quote(run_id, safe='')}/tasks/table.validate/mapped/0?try_number={validate['try_number']}")
-    ui.wait_for(lambda: "Next step" in page.find_element("tag name", "body").text, timeout=90, what="the failed task's log in the UI")
+    step = ui.wait_for(lambda: page.find_elements("xpath", "//*[contains(text(), 'Next step, one of')]"), timeout=90, what="the next step in the task's log in the UI")
+    page.execute_script("arguments[0].scrollIntoView({block: 'center'})", step[-1])
+    time.sleep(1)
     ui.shot("failed-log-after")
 
 
-def test_data_docs_open_from_the_ui_without_network(ui, failed_run):
+def test_data_docs_open_from_the_ui_without_network(ui, failed_run, monkeypatch):
     from cdc_airflow.guidance import docs_url
     from cdc_apply.results import load_result
+
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", ui.base)  # as the workers have it
 
     found = ui.api("GET", f"/dags/cdc_apply/dagRuns/{quote(failed_run['dag_run_id'], safe='')}/taskInstances/discover/xcomEntries/return_value")["value"]
     found = found if isinstance(found, dict) else json.loads(found)

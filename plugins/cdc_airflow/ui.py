@@ -41,6 +41,8 @@ VENDOR = {  # a CDN file name in GX's pages -> the bundled copy (static/vendor/R
     "bootstrap-table.min.css": "bootstrap-table.min.css",
     "bootstrap-table-filter-control.min.css": "bootstrap-table-filter-control.min.css",
     "all.min.css": "css/fontawesome.min.css",
+    "bootstrap-datepicker.min.js": "bootstrap-datepicker.min.js",  # the index's run-time filter: without it the list stays empty
+    "bootstrap-datepicker.min.css": "css/bootstrap-datepicker.min.css",
 }
 _EXTERNAL_TAG = re.compile(r"<(script|link)\b[^>]*?\b(?:src|href)=\"(https?://[^\"]+)\"[^>]*>(?:\s*</script>)?", re.I)
 _EXTERNAL_IMG = re.compile(r"(<img\b[^>]*?\bsrc=\")https?://[^\"]*?/(logo-long\.png)[^\"]*(\")", re.I)

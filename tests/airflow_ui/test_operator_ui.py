@@ -125,12 +125,17 @@ def test_data_docs_open_from_the_ui_without_network(ui, failed_run, monkeypatch)
 
     needs_browser()
     page = ui.page(url.removeprefix(ui.base))
-    # bootstrap-table (bundled) renders the validation list: it is empty when its JS does not load
-    rows = ui.wait_for(lambda: page.find_elements("css selector", "table[data-toggle='table'] tbody tr td a, table tbody tr[data-index]"), what="the validation list")
-    assert rows
+    # bootstrap-table (bundled) renders the validation list: it stays empty when a script it needs is missing
+    rows = ui.wait_for(lambda: page.find_elements("css selector", ".tab-pane.active table tbody tr[data-index]"), what="the validation list")
+    assert "Failed" in rows[0].get_attribute("innerHTML") or page.find_elements("css selector", ".tab-pane.active .fa-times")
+    assert not [e for e in page.get_log("browser") if e["level"] == "SEVERE"]
     origins = page.execute_script("return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")
     assert set(origins) <= {ui.base}, origins
     ui.shot("data-docs-after")
+    rows[0].find_elements("tag name", "td")[1].click()  # a row opens its validation
+    ui.wait_for(lambda: "validations/" in page.current_url and "balance" in page.find_element("tag name", "body").text, what="the validation page")
+    assert set(page.execute_script("return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")) <= {ui.base}
+    ui.shot("data-docs-validation-after")
 
 
 def test_a_configuration_error_fails_once_in_discover_and_nothing_else_fails(ui, failed_run):

@@ -74,9 +74,9 @@ def test_job_lines_are_logged_at_their_own_level():
 
 
 GX_PAGE = """<html><head>
-<link rel="stylesheet" href="https://maxcdn.bootstrapcdn.com/bootstrap/4.3.1/css/bootstrap.min.css" integrity="sha384-x" crossorigin="anonymous"/>
-<script src="https://cdn.jsdelivr.net/npm/vega@5"></script>
-<script src="https://code.jquery.com/jquery-3.7.1.min.js"></script>
+<link rel="stylesheet" href="https://cdn.example/bootstrap/4.3.1/css/bootstrap.min.css" integrity="sha384-x" crossorigin="anonymous"/>
+<script src="https://cdn.example/npm/vega@5"></script>
+<script src="https://cdn.example/jquery-3.7.1.min.js"></script>
 </head><body><img src="https://great-expectations-web-assets.s3.us-east-2.amazonaws.com/logo-long.png?d=1&dataContextId=abc">
 <a href="https://greatexpectations.io">GX</a></body></html>"""
 

@@ -76,12 +76,23 @@ class Ui:
         self.sa.wait_ready()
         return self
 
-    def api(self, method: str, path: str, **kw) -> Any:
-        return self.sa.api(method, path, **kw)
+    def api(self, method: str, path: str, attempts: int = 4, **kw) -> Any:
+        """A REST call; a read that times out is tried again (on a loaded
+        machine the api-server can take longer than a minute to answer)."""
+        for attempt in range(attempts):
+            try:
+                r = requests.request(method, f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.sa.token}"}, timeout=90, **kw)
+            except (requests.ConnectionError, requests.Timeout):
+                if method != "GET" or attempt == attempts - 1:
+                    raise
+                time.sleep(5)
+                continue
+            assert r.ok, f"{method} {path}: {r.status_code} {r.text}"
+            return r.json()
 
     def raw(self, path: str, token: bool = True) -> requests.Response:
         headers = {"Authorization": f"Bearer {self.sa.token}"} if token else {}
-        return requests.get(f"{self.base}{path}", headers=headers, timeout=60)
+        return requests.get(f"{self.base}{path}", headers=headers, timeout=120)
 
     def trigger(self, conf: dict[str, Any]) -> str:
         return self.api("POST", "/dags/cdc_apply/dagRuns", json={"logical_date": None, "conf": conf})["dag_run_id"]
@@ -103,7 +114,7 @@ class Ui:
     def log(self, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1) -> list[dict[str, Any]]:
         """The task log as the UI gets it: structured lines (event, level, ...)."""
         path = f"/dags/cdc_apply/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/logs/{try_number}?map_index={map_index}"
-        r = requests.get(f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.sa.token}", "Accept": "application/json"}, timeout=60)
+        r = requests.get(f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.sa.token}", "Accept": "application/json"}, timeout=120)
         if r.status_code == 404:  # a try that never started (no log)
             return []
         assert r.ok, r.text

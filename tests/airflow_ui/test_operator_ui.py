@@ -143,10 +143,10 @@ def test_a_configuration_error_fails_once_in_discover_and_nothing_else_fails(ui,
     import requests
 
     r = requests.post(f"{ui.base}/api/v2/dags/cdc_apply/dagRuns", json={"logical_date": None, "conf": {"source": "pg_inventroy"}},
-                      headers={"Authorization": f"Bearer {ui.sa.token}"}, timeout=30)
+                      headers={"Authorization": f"Bearer {ui.sa.token}"}, timeout=90)
     assert r.status_code == 400 and "pg_inventroy" in r.text, r.text
     run_id = ui.trigger({"source": "pg_inventory", "override": "force"})  # no reason
-    run = ui.wait(run_id, timeout=300)
+    run = ui.wait(run_id, timeout=600)
     assert run["state"] == "failed"
     tis = ui.task_instances(run_id)
     discover = tis[("discover", -1)]

@@ -42,7 +42,8 @@ from typing import Any
 
 import orjson
 
-from cdc_apply.submit import job_conf, spark_submit_bin, submit_settings
+from cdc_apply.config import Settings
+from cdc_apply.runtime.submit import spark_submit_bin, submit_spec
 
 from . import workload as wl
 
@@ -90,7 +91,7 @@ def prepare_home(home: Path, sources: list[str]) -> dict[str, str]:
 
 def archive_files(paths: list[str]):
     """ArchiveFile records (size + SHA-256: discovery's work, not timed)."""
-    from cdc_apply.archive import fingerprint
+    from cdc_apply.archive.listing import fingerprint
 
     return sorted(fingerprint(Path(p)) for p in paths)
 
@@ -121,7 +122,7 @@ def _job_group(spark, group: str) -> None:
 
 def project_apply(spark, settings, source: str, paths: list[str], *, profile_to: Path | None = None) -> dict[str, Any]:
     """``run_batch`` on exactly these files; wall time of the whole call."""
-    from cdc_apply.job import run_batch
+    from cdc_apply.batch import run_batch
 
     files = archive_files(paths)
     prof = cProfile.Profile() if profile_to else None
@@ -154,13 +155,13 @@ def project_setup(spark, settings, source: str, seed_path: Path, base_rows: int,
     path is warmed up; otherwise call the project's ``tables.create_table``
     directly (same table, no batch: faster).  The remaining keys are
     bulk-appended by Spark with their CDC metadata columns (no JSON)."""
-    from cdc_apply.job import run_batch
+    from cdc_apply.batch import run_batch
 
     t0 = time.perf_counter()
     first = 1
     if not via_seed:
         try:
-            from cdc_apply import tables
+            from cdc_apply.apply import tables
 
             ident = project_table(settings, source)
             spec = tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=[wl.KEY], columns=dict(wl.SPARK_TYPES))
@@ -330,12 +331,12 @@ def pyiceberg_child(args: argparse.Namespace) -> int:
     from pyiceberg.expressions import In
 
     from cdc_apply.config import Settings
-    from cdc_apply.ledger import load_catalog
+    from cdc_apply.ledger import Ledger
 
     paths = json.loads(Path(args.files_json).read_text())
     t_decode = time.perf_counter()
     rows, deletes, events = compact_in_python(paths)
-    table = load_catalog(Settings.from_env()).load_table(f"{PYICEBERG_TABLE}.{wl.TABLE}")
+    table = Ledger(Settings.from_env()).catalog.load_table(f"{PYICEBERG_TABLE}.{wl.TABLE}")
     arrow = pa.Table.from_pylist(rows, schema=table.schema().as_arrow())
     decode_seconds = time.perf_counter() - t_decode
     print(json.dumps({"phase": "ready", "rows": len(rows), "deletes": len(deletes), "events": events, "decode_seconds": decode_seconds}), flush=True)
@@ -460,18 +461,18 @@ def spark_submit_job(source: str, paths: list[str], workdir: Path, master: str, 
                      driver_memory: str | None = None) -> dict[str, Any]:
     """``spark-submit spark_jobs/apply_batch.py apply --source S --files-from M``
     exactly as the DAG's ``apply`` task runs it (conf / jars / py-files from
-    ``submit_settings()``, manifest written as discovery writes it); wall time
+    ``submit_spec()``, manifest written as discovery writes it); wall time
     of the whole submit, and peak RSS of its process tree."""
-    s = submit_settings()
+    s = submit_spec(Settings.from_env(), os.environ)
     manifest = workdir / f"{tag}_files.json"
     manifest.write_text(json.dumps(wl.manifest_entries(paths), indent=1))
     result_file = workdir / f"{tag}_result.json"
-    env = {**os.environ, **s["env"], "PYSPARK_PYTHON": sys.executable}
-    with job_conf(s) as conf:  # as the DAG's operator: the driver's class archive
+    env = {**os.environ, **s.env, "PYSPARK_PYTHON": sys.executable}
+    with s.job_conf() as conf:  # as the DAG's operator: the driver's class archive
         cmd = [spark_submit_bin(), "--master", master] + (["--driver-memory", driver_memory] if driver_memory else [])
         for k, v in conf.items():
             cmd += ["--conf", f"{k}={v}"]
-        cmd += ["--jars", s["jars"], "--py-files", s["py_files"], "--name", f"cdc_apply_{source}",
+        cmd += ["--jars", ",".join(s.jars), "--py-files", s.py_files, "--name", f"cdc_apply_{source}",
                 str(ROOT / "spark_jobs" / "apply_batch.py"), "apply", "--source", source,
                 "--files-from", str(manifest), "--result-file", str(result_file), "--max-files=0"]
         run = _run_sampled(cmd, env, workdir / f"{tag}_spark_submit.log", sample_rss=sample_rss)

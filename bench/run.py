@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cdc_apply.submit import running_connect_server
+from cdc_apply.runtime.spark_conf import jar_paths
+from tests.servers import running_connect_server
 
 from . import contenders as C
 from . import workload as wl
@@ -61,7 +62,7 @@ def machine_facts(settings) -> dict[str, Any]:
         java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30).stderr.splitlines()[0]
     except Exception as exc:  # pragma: no cover
         java = f"unknown ({exc})"
-    jars = [p.name for p in settings.jar_paths()]
+    jars = [p.name for p in jar_paths(settings)]
     return {
         "cores": os.cpu_count(),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
@@ -189,7 +190,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         f"{main_files.pk_changes} PK changes ({out['setup_seconds']['generate_files']}s)")
 
     # -- base tables ------------------------------------------------------------------
-    from cdc_apply.spark_session import get_spark
+    from cdc_apply.runtime.session import get_spark
 
     spark = get_spark(settings, app_name="cdc-bench")
     C._job_group(spark, "bench")

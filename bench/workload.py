@@ -380,7 +380,7 @@ def manifest_entries(paths: list[str]) -> list[dict]:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "spark_jobs"))
-    from cdc_apply.archive import fingerprint
+    from cdc_apply.archive.listing import fingerprint
 
     return [fingerprint(Path(p)).manifest_entry() for p in paths]
 

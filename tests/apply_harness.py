@@ -6,10 +6,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 
-from cdc_apply.archive import ArchiveFile
+from cdc_apply.archive.files import ArchiveFile
+from cdc_apply.batch import BatchResult, apply_decoded, finish_batch, publish_batch, validate_batch
 from cdc_apply.config import SourceConfig
-from cdc_apply.decode_stage import outcomes_frame
-from cdc_apply.job import BatchResult, apply_decoded, finish_batch, publish_batch, validate_batch
+from cdc_apply.decode.stage import outcomes_frame
 from cdc_apply.model import ChangeEvent, Outcome
 
 _counter = itertools.count()

@@ -30,7 +30,7 @@ def settings(cdc_home):
 
 @pytest.fixture(scope="session")
 def spark(settings):
-    from cdc_apply.spark_session import get_spark
+    from cdc_apply.runtime.session import get_spark
 
     session = get_spark(settings, app_name="cdc-tests")
     yield session

@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 ROOT = Path(__file__).resolve().parents[1]
 ICEBERG_VERSION = "1.11.0"
@@ -317,3 +317,43 @@ if __name__ == "__main__":  # manual check: python tests/servers.py
         s3.create_bucket("lake")
         with rest_catalog(Path(tmp), s3, "s3://lake/warehouse") as rest:
             print("s3", s3.endpoint, "rest", rest.uri, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def running_connect_server(log: Path, *, port: int | None = None, env: Mapping[str, str] | None = None,
+                           timeout: float = 180) -> Iterator[str]:
+    """``cdc connect-server`` on 127.0.0.1 (``port``, or a free one) with the
+    settings of ``env`` (default: this process's) until the block ends; yields
+    its sc:// URL once it listens.  The tests' and the benchmark's: a
+    deployment runs the command as a service (docker-compose's spark-connect)."""
+    from cdc_apply.runtime.session import check_listening
+
+    if port is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    url = f"sc://127.0.0.1:{port}"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "cdc_apply.cli", "connect-server", "--port", str(port)],
+                                env=dict(os.environ if env is None else env), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            deadline = time.time() + timeout
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"connect-server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+                try:
+                    check_listening(url, timeout=1)
+                    break
+                except OSError:
+                    if time.time() > deadline:
+                        raise RuntimeError(f"connect-server never listened:\n{log.read_text()[-3000:]}") from None
+                    time.sleep(0.5)
+            yield url
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)

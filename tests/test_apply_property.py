@@ -19,7 +19,9 @@ import os
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from cdc_apply.model import ChangeEvent, Column, Op
 from tests.apply_harness import apply_events, live_rows

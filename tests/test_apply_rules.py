@@ -191,7 +191,7 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
     apply then writes a position delete instead of rewriting the data file.
     Either way the MERGE's target scan carries the batch's key range, so
     data files outside it are not read."""
-    from cdc_apply import merge, tables
+    from cdc_apply.apply import merge, tables
 
     apply_events(spark, settings, ns, [event("c", k, {"name": "a", "amount": "1.00"}, pos=k) for k in range(1, 4)])
     ident = f"{settings.catalog_name}.{ns}.items"
@@ -221,7 +221,7 @@ def test_a_source_merge_mode_is_kept_on_its_tables(spark, settings, ns):
     ident = f"{settings.catalog_name}.{ns}.items"
 
     def mode():
-        from cdc_apply.tables import merge_mode
+        from cdc_apply.apply.tables import merge_mode
 
         return merge_mode(spark, ident)
 
@@ -262,7 +262,7 @@ def test_the_one_event_short_cuts_fold_as_the_general_fold(spark, monkeypatch):
     must give the general fold's rows, for a lone upsert, a lone delete, a
     partial row, a key whose other event is a duplicate, and keys with
     several events."""
-    from cdc_apply import compact
+    from cdc_apply.apply import compact
 
     rows = [
         # key, pos, file, line, op, after, label, stored_live
@@ -303,7 +303,7 @@ def test_the_one_event_short_cuts_fold_as_the_general_fold(spark, monkeypatch):
 
 
 def test_label_duplicates_counts_each_keys_events(spark):
-    from cdc_apply import compact
+    from cdc_apply.apply import compact
 
     df = spark.createDataFrame(
         [(k, p, f, ln, "u", {"a": "1"}) for k, p, f, ln in [(1, "p1", "f", 1), (1, "p1", "f", 2), (1, "p2", "f", 3), (2, "p1", "f", 4), (None, "p1", "f", 5), (None, "p2", "f", 6)]],
@@ -315,17 +315,17 @@ def test_label_duplicates_counts_each_keys_events(spark):
 
 @pytest.mark.parametrize("prune", [True, False], ids=["batch-keys-broadcast", "whole-stored-state"])
 def test_labelling_is_the_same_with_or_without_pruning_the_stored_state(spark, settings, ns, monkeypatch, prune):
-    """Batches small next to their table (job.PRUNE_STATE_*) compare with the
+    """Batches small next to their table (table.PRUNE_STATE_*) compare with the
     stored rows of their own keys only; others with the whole stored state.
     Both must label alike: older, equal and newer events against stored
     rows, tombstones and keys not stored at all."""
-    from cdc_apply import job
+    from cdc_apply.apply import table
 
-    monkeypatch.setattr(job, "PRUNE_STATE_MAX_EVENTS", 10**9 if prune else 0)
-    monkeypatch.setattr(job, "PRUNE_STATE_MIN_RATIO", 0 if prune else 1)
+    monkeypatch.setattr(table, "PRUNE_STATE_MAX_EVENTS", 10**9 if prune else 0)
+    monkeypatch.setattr(table, "PRUNE_STATE_MIN_RATIO", 0 if prune else 1)
     seen = []
-    real = job.compact.label_against_target
-    monkeypatch.setattr(job.compact, "label_against_target", lambda *a, **kw: seen.append(kw["prune_state"]) or real(*a, **kw))
+    real = table.compact.label_against_target
+    monkeypatch.setattr(table.compact, "label_against_target", lambda *a, **kw: seen.append(kw["prune_state"]) or real(*a, **kw))
     first = [
         event("c", 1, {"name": "a", "amount": "1.00"}, pos=10),
         event("c", 2, {"name": "b", "amount": "2.00"}, pos=10),

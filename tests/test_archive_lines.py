@@ -1,4 +1,4 @@
-"""Archive files are streamed a chunk at a time (``archive.iter_lines``): the
+"""Archive files are streamed a chunk at a time (``lines.iter_lines``): the
 messages, line numbers and damage reports must be exactly those of reading the
 whole file at once, wherever the chunk boundaries fall."""
 
@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import gzip
 import io
-import zlib
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from cdc_apply.archive import iter_lines, open_archive, plan_pieces
-from cdc_apply.decode_stage import decode_units, file_groups
+from cdc_apply.archive.lines import iter_lines, open_archive, plan_pieces
+from cdc_apply.decode.stage import decode_units, file_groups
 from cdc_apply.model import RawMessage
 
 LINE = st.one_of(

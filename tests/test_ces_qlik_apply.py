@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from cdc_apply.archive import write_jsonl
-from cdc_apply.job import pending_files, run_batch
+from cdc_apply.archive.files import write_jsonl
+from cdc_apply.batch import pending_files, run_batch
 from tests.apply_harness import live_rows
 from tests.decode import test_qlik as qlik
 from tests.decode import test_sqlserver_ces as ces

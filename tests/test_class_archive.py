@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_apply import class_archive as ca
+from cdc_apply.runtime import class_archive as ca
 
 OPTS = "-XX:TieredStopAtLevel=1"
 KEY = ca.JAVA_OPTIONS
@@ -33,7 +33,10 @@ def test_the_first_job_writes_the_archive_and_the_next_ones_start_from_it(tmp_pa
     assert archive == ca.archive_path(tmp_path, [], OPTS)
     assert not list(tmp_path.glob("*.lock")) and not list(tmp_path.glob("*.partial"))
     with ca.driver_with_archive({KEY: OPTS}, [], tmp_path, OPTS) as conf:
-        assert conf[KEY] == f"{OPTS} -Xlog:cds*=off -XX:SharedArchiveFile={archive}"  # CDS warnings off (issue 22)
+        assert conf[KEY] == f"{OPTS} -XX:SharedArchiveFile={archive}"
+        assert "sharing" in java(conf).stderr
+    with ca.driver_with_archive({KEY: OPTS}, [], tmp_path, OPTS, "-Xlog:cds*=off") as conf:  # the CDS warnings off (issue 22)
+        assert conf[KEY] == f"{OPTS} -Xlog:cds*=off -XX:SharedArchiveFile={archive}"
         assert "sharing" in java(conf).stderr
     assert ca.loads(archive)
 

@@ -23,7 +23,7 @@ def _sources(tmp_path, monkeypatch, *names: str, quarantine_max_share: float | N
 
 def _demo_archive(folder):
     """The demo's three hours of changes, one file an hour."""
-    from cdc_apply.archive import write_jsonl
+    from cdc_apply.archive.files import write_jsonl
     from cdc_apply.demo import demo_changes
 
     for hour, lines in demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)).items():
@@ -67,8 +67,9 @@ def test_discovery_reads_only_new_files_and_refuses_changed_applied_ones(spark, 
     with CDC_VERIFY_APPLIED=sha256."""
     import dataclasses
 
-    from cdc_apply import archive, job
-    from cdc_apply.archive import write_jsonl
+    from cdc_apply import batch
+    from cdc_apply.archive import listing
+    from cdc_apply.archive.files import write_jsonl
     from cdc_apply.config import get_source
     from cdc_apply.demo import demo_changes
     from cdc_apply.errors import AlreadyAppliedFileChanged
@@ -78,24 +79,24 @@ def test_discovery_reads_only_new_files_and_refuses_changed_applied_ones(spark, 
     folder = tmp_path / "archive" / "verify"
     hours = demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
     applied = [write_jsonl(folder / f"{h:%Y/%m/%d/%H}" / "customers.jsonl", lines) for h, lines in hours.items()]
-    assert job.run_batch(s, "verify", spark=spark).status == "complete"
+    assert batch.run_batch(s, "verify", spark=spark).status == "complete"
     new = write_jsonl(folder / "2026/01/02/00" / "customers.jsonl", next(iter(hours.values())))
 
     read: list[str] = []
-    real = archive.sha256_of
-    monkeypatch.setattr(archive, "sha256_of", lambda p: read.append(str(p)) or real(p))
+    real = listing.sha256_of
+    monkeypatch.setattr(listing, "sha256_of", lambda p: read.append(str(p)) or real(p))
     src = get_source(s, "verify")
-    assert [f.path for f in job.pending_files(s, src)] == [str(new)] and read == [str(new)]
+    assert [f.path for f in batch.pending_files(s, src)] == [str(new)] and read == [str(new)]
 
     original = applied[0].read_bytes()
     applied[0].write_bytes(original + b"\n")  # grew: refused, by name
     with pytest.raises(AlreadyAppliedFileChanged, match=str(applied[0])):
-        job.pending_files(s, src)
+        batch.pending_files(s, src)
     applied[0].write_bytes(original.replace(b'"op":"c"', b'"op":"u"', 1))  # same size, other content
     assert len(applied[0].read_bytes()) == len(original) and applied[0].read_bytes() != original
-    assert [f.path for f in job.pending_files(s, src)] == [str(new)]  # the size check cannot see it
+    assert [f.path for f in batch.pending_files(s, src)] == [str(new)]  # the size check cannot see it
     with pytest.raises(AlreadyAppliedFileChanged, match=str(applied[0])):
-        job.pending_files(dataclasses.replace(s, verify_applied="sha256"), src)
+        batch.pending_files(dataclasses.replace(s, verify_applied="sha256"), src)
 
 
 def test_damaged_archives_quarantine_their_unreadable_lines_and_apply_the_rest(spark, settings, tmp_path, monkeypatch, capsys):
@@ -148,7 +149,8 @@ def test_damaged_archives_quarantine_their_unreadable_lines_and_apply_the_rest(s
 def test_files_cut_into_pieces_apply_exactly_like_whole_files(spark, settings, tmp_path, monkeypatch, capsys):
     """With the piece floor lowered, every demo file is decoded by several
     tasks: same messages, same line numbers, same rows as whole files."""
-    from cdc_apply import cli, decode_stage
+    from cdc_apply import cli
+    from cdc_apply.decode import stage as decode_stage
 
     _sources(tmp_path, monkeypatch, "whole", "cut")
     folder = _demo_archive(tmp_path / "archives")

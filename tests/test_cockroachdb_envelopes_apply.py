@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc_apply.archive import write_jsonl
+from cdc_apply.archive.files import write_jsonl
+from cdc_apply.batch import pending_files, run_batch
 from cdc_apply.config import Settings, get_source
 from cdc_apply.errors import ConfigError
-from cdc_apply.job import pending_files, run_batch
 from tests.apply_harness import live_rows
 
 pytestmark = [pytest.mark.spark]

@@ -54,16 +54,18 @@ def test_cdc_maintenance_shape(dagbag):
     assert set(dag.params.keys()) >= {"source", "snapshot_retention_days", "tombstone_retention_days"}
 
 
-def test_submit_settings_tune_the_short_lived_jvm(monkeypatch, tmp_path, dagbag):
+def test_submit_spec_tunes_the_short_lived_jvm(monkeypatch, tmp_path, dagbag):
     """The DAG's jobs get C1-only JIT (one JVM per batch, see bench/README.md);
     a CDC_SPARK_CONF_ override replaces it, here with nothing."""
-    from cdc_apply.submit import DRIVER_JAVA_OPTIONS, submit_settings
+    from cdc_apply.config import Settings
+    from cdc_apply.runtime.spark_conf import DRIVER_JAVA_OPTIONS
+    from cdc_apply.runtime.submit import submit_spec
 
     monkeypatch.setenv("CDC_HOME", str(tmp_path))
     monkeypatch.setenv("CDC_JARS_DIR", os.environ.get("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars")))
-    assert submit_settings()["conf"]["spark.driver.extraJavaOptions"] == DRIVER_JAVA_OPTIONS == "-XX:TieredStopAtLevel=1"
+    assert submit_spec(Settings.from_env(), os.environ).conf["spark.driver.extraJavaOptions"] == DRIVER_JAVA_OPTIONS == "-XX:TieredStopAtLevel=1"
     monkeypatch.setenv("CDC_SPARK_CONF_spark__driver__extraJavaOptions", "")
-    assert submit_settings()["conf"]["spark.driver.extraJavaOptions"] == ""
+    assert submit_spec(Settings.from_env(), os.environ).conf["spark.driver.extraJavaOptions"] == ""
 
 
 def test_operator_conf_of_its_own_is_submitted_as_given(monkeypatch, tmp_path, dagbag):
@@ -72,6 +74,7 @@ def test_operator_conf_of_its_own_is_submitted_as_given(monkeypatch, tmp_path, d
     archive.  The operator's conf is its own again afterwards (a retry in the
     same process starts from it)."""
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
     from cdc_airflow.spark import CdcSparkSubmitOperator
 
     monkeypatch.setenv("CDC_HOME", str(tmp_path))

@@ -17,9 +17,9 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from cdc_apply.archive import write_jsonl
+from cdc_apply.archive.files import write_jsonl
+from cdc_apply.batch import run_batch
 from cdc_apply.config import Settings
-from cdc_apply.job import run_batch
 from tests.apply_harness import live_rows
 from tests.decode.test_debezium_postgres import CASES
 from tests.formats.synthetic import SyntheticChange, example_row

@@ -12,7 +12,7 @@ import json
 def test_each_call_adds_the_next_hour_with_higher_positions(tmp_path, monkeypatch):
     from cdc_apply.config import Settings, get_source
     from cdc_apply.demo import write_demo_archive, write_next_demo_hour
-    from cdc_apply.job import pending_files
+    from cdc_apply.batch import pending_files
 
     monkeypatch.setenv("CDC_HOME", str(tmp_path))
     settings = Settings.from_env()

@@ -14,8 +14,8 @@ from decimal import Decimal
 
 import pytest
 
-from cdc_apply.submit import running_connect_server
 from tests.airflow_env import airflow, airflow_env
+from tests.servers import running_connect_server
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
 
@@ -29,16 +29,16 @@ EXPECTED = {  # the demo's three hours, applied in order
 
 
 def table_rows(env):
-    from cdc_apply.config import Settings
-    from cdc_apply.ledger import load_catalog
-
     import os
+
+    from cdc_apply.config import Settings
+    from cdc_apply.ledger import Ledger
 
     old = {k: os.environ.get(k) for k in ("CDC_HOME",)}
     os.environ["CDC_HOME"] = env["CDC_HOME"]
     try:
         settings = Settings.from_env()
-        table = load_catalog(settings).load_table("pg_inventory.customers")
+        table = Ledger(settings).catalog.load_table("pg_inventory.customers")
         return table, table.scan().to_arrow().to_pylist()
     finally:
         for k, v in old.items():
@@ -65,7 +65,7 @@ def _orders_file(settings) -> None:
     import json
     from pathlib import Path
 
-    from cdc_apply.archive import write_jsonl
+    from cdc_apply.archive.files import write_jsonl
     from cdc_apply.demo import demo_changes
 
     lines = []
@@ -133,24 +133,24 @@ def test_gate_failure_fails_only_its_table_without_retry_then_a_forced_run_publi
     assert states[("table.publish", bad)][0] == "upstream_failed"
     assert states[("table.validate", good)][0] == states[("table.publish", good)][0] == "success"  # the other table goes on
     assert states[("finish", -1)][0] == "failed"  # ran anyway (all_done), recorded the attempt, failed the run
-    catalog = ledger.load_catalog(settings)
+    catalog = ledger.Ledger(settings).catalog
     customers = catalog.load_table("pg_inventory.customers")
     assert customers.scan().to_arrow().num_rows == 0  # main untouched: readers see nothing of the batch
     assert any(name.startswith("audit_") for name in customers.metadata.refs)  # branch kept for inspection
     assert catalog.load_table("pg_inventory.orders").scan().to_arrow().num_rows == 5
-    rows = {r["table_name"]: r for r in ledger.batch_rows(settings, "pg_inventory")}
+    rows = {r["table_name"]: r for r in ledger.Ledger(settings).batch_rows("pg_inventory")}
     assert rows["lake.pg_inventory.customers"]["status"] == "failed"
     assert rows["lake.pg_inventory.customers"]["failed_expectations"][0].startswith("expect_column_values_to_be_between")
     assert rows["lake.pg_inventory.orders"]["status"] == "published" and rows["*"]["status"] == "failed"
-    assert ledger.applied_files(settings, "pg_inventory") == {}  # the batch is not complete: its files come again
+    assert ledger.Ledger(settings).applied_files("pg_inventory") == {}  # the batch is not complete: its files come again
 
     conf = json.dumps({"override": "force", "override_reason": "negative balances are refunds; suite fix in review"})
     airflow(env, "dags", "test", "cdc_apply", "2026-01-01T04:00:00+00:00", "--conf", conf, timeout=900)
     check_demo_table(env)
     assert catalog.load_table("pg_inventory.orders").scan().to_arrow().num_rows == 5  # not applied twice
-    rows = [r for r in ledger.batch_rows(settings, "pg_inventory") if r["table_name"] == "lake.pg_inventory.customers"]
+    rows = [r for r in ledger.Ledger(settings).batch_rows("pg_inventory") if r["table_name"] == "lake.pg_inventory.customers"]
     assert rows[-1]["status"] == "forced" and "refunds" in rows[-1]["message"]
-    assert len(ledger.applied_files(settings, "pg_inventory")) == 4
+    assert len(ledger.Ledger(settings).applied_files("pg_inventory")) == 4
     events = db.execute("SELECT a.name, a.uri, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id").fetchall()
     assert [(n, u) for n, u, _ in events] == [
         ("lake.pg_inventory.orders", "iceberg://lake/pg_inventory/orders"),

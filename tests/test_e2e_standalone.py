@@ -103,10 +103,11 @@ def create_backfill(sa: Standalone, env: dict[str, str], start: str, end: str, a
 
 
 def test_backfill_then_rest_trigger(tmp_path, monkeypatch):
-    from cdc_apply.config import Settings
-    from cdc_apply.demo import demo_changes, write_demo_archive
-    from cdc_apply.archive import write_jsonl
     import datetime as dt
+
+    from cdc_apply.archive.files import write_jsonl
+    from cdc_apply.config import Settings
+    from cdc_apply.demo import write_demo_archive
 
     home = tmp_path / "airflow"
     home.mkdir()

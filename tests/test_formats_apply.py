@@ -20,11 +20,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from cdc_apply.archive import write_jsonl
+from cdc_apply.archive.files import write_jsonl
+from cdc_apply.batch import run_batch
 from cdc_apply.decode import DecodeContext, decode_all, make_decoder
-from cdc_apply.job import run_batch
 from cdc_apply.model import ChangeEvent, RawMessage
 from tests.apply_harness import live_rows
 from tests.formats.synthetic import SyntheticChange

@@ -3,12 +3,14 @@ reconciliation. Failing data never reaches main."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
 import pytest
 
-from cdc_apply import ledger, merge
+from cdc_apply import ledger
+from cdc_apply.apply import branches, merge
 from cdc_apply.model import Quarantined
 from tests.apply_harness import apply_events, event, live_rows
 
@@ -31,7 +33,7 @@ def refs(spark, settings, ns):
 
 
 def ledger_rows(settings, ns, batch_id):
-    return [r for r in ledger.batch_rows(settings, ns) if r["batch_id"] == batch_id]
+    return [r for r in ledger.Ledger(settings).batch_rows(ns) if r["batch_id"] == batch_id]
 
 
 def test_passing_batch_is_published_with_ledger_rows_and_data_docs(spark, settings, ns):
@@ -55,7 +57,7 @@ def test_duplicate_key_in_branch_fails_keeps_main_and_branch_then_fix_publishes_
 
     def merge_and_corrupt(spark_, spec, branch, source, batch_id, key_ranges=None):
         real_merge(spark_, spec, branch, source, batch_id, key_ranges)
-        spark_.sql(f"INSERT INTO {merge.branch_ref(spec, branch)} SELECT * FROM {spec.identifier} VERSION AS OF '{branch}' WHERE id = 2")
+        spark_.sql(f"INSERT INTO {branches.branch_ref(spec, branch)} SELECT * FROM {spec.identifier} VERSION AS OF '{branch}' WHERE id = 2")
 
     monkeypatch.setattr(merge, "merge_changes", merge_and_corrupt)
     batch = [event("c", 2, {"name": "b", "amount": "2.00"}, pos=2)]
@@ -69,7 +71,7 @@ def test_duplicate_key_in_branch_fails_keeps_main_and_branch_then_fix_publishes_
     assert t.branch in t.message and t.data_docs
     failed_row = [x for x in ledger_rows(settings, ns, r.batch_id) if x["table_name"] != "*"][0]
     assert failed_row["status"] == "failed" and failed_row["failed_expectations"]
-    assert batch[0].file not in ledger.applied_files(settings, ns)  # not marked applied
+    assert batch[0].file not in ledger.Ledger(settings).applied_files(ns)  # not marked applied
 
     monkeypatch.setattr(merge, "merge_changes", real_merge)  # the operator fixed the cause
     r2 = apply_events(spark, settings, ns, batch, batch_tag="dup")
@@ -80,8 +82,8 @@ def test_duplicate_key_in_branch_fails_keeps_main_and_branch_then_fix_publishes_
     assert refs(spark, settings, ns) == {"main"}
 
 
-def test_user_suite_violation_fails_the_batch(spark, settings, ns, tmp_path, monkeypatch):
-    monkeypatch.setenv("CDC_EXPECTATIONS_DIR", str(tmp_path))
+def test_user_suite_violation_fails_the_batch(spark, settings, ns, tmp_path):
+    settings = dataclasses.replace(settings, expectations_dir=tmp_path)
     (tmp_path / f"{ns}.items.json").write_text(
         json.dumps({"expectations": [{"type": "expect_column_values_to_be_between", "kwargs": {"column": "amount", "min_value": 0}}]})
     )
@@ -108,7 +110,7 @@ def test_quarantine_share_over_limit_fails_before_any_write(spark, settings, ns)
 def test_force_override_publishes_a_failing_batch_and_records_it(spark, settings, ns, tmp_path, monkeypatch):
     from cdc_apply.results import Override
 
-    monkeypatch.setenv("CDC_EXPECTATIONS_DIR", str(tmp_path))
+    settings = dataclasses.replace(settings, expectations_dir=tmp_path)
     (tmp_path / f"{ns}.items.json").write_text(
         json.dumps({"expectations": [{"type": "expect_column_values_to_be_between", "kwargs": {"column": "amount", "min_value": 0}}]})
     )
@@ -127,13 +129,13 @@ def test_force_override_publishes_a_failing_batch_and_records_it(spark, settings
     assert refs(spark, settings, ns) == {"main"}  # the failed attempt's branch went with the publish
     row = [x for x in ledger_rows(settings, ns, r.batch_id) if x["table_name"] != "*" and x["status"] == "forced"]
     assert len(row) == 1 and "refund rows" in row[0]["message"] and row[0]["failed_expectations"]
-    assert batch[0].file in ledger.applied_files(settings, ns)
+    assert batch[0].file in ledger.Ledger(settings).applied_files(ns)
 
 
 def test_skip_override_marks_files_applied_without_applying(spark, settings, ns):
-    from cdc_apply.archive import ArchiveFile
-    from cdc_apply.config import Settings, SourceConfig
-    from cdc_apply.job import batch_id_for, skip_batch
+    from cdc_apply.archive.files import ArchiveFile
+    from cdc_apply.batch import batch_id_for, skip_batch
+    from cdc_apply.config import SourceConfig
     from cdc_apply.results import BatchResult, Override
 
     apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
@@ -149,7 +151,7 @@ def test_skip_override_marks_files_applied_without_applying(spark, settings, ns)
     assert r.status == "skipped" and "SKIP by oncall" in r.message
     assert main_snapshot(spark, settings, ns) == before  # nothing applied
     assert refs(spark, settings, ns) == {"main"}  # the failed attempt's branch is dropped
-    assert ledger.applied_files(settings, ns)[f.path] == f.sha256  # discovery will not offer it again
+    assert ledger.Ledger(settings).applied_files(ns)[f.path] == f.sha256  # discovery will not offer it again
     (row,) = [x for x in ledger_rows(settings, ns, bid)]
     assert row["table_name"] == "*" and row["status"] == "skipped" and "re-snapshot" in row["message"]
 
@@ -190,7 +192,7 @@ def test_reconciliation_names_what_is_wrong(spark, case):
     """Each reconciliation check on hand-made frames: main holds ids 1
     (position 03), 2 (04) and 3 (01), all live; the batch updates 1 and
     deletes 2, so 2 rows stay live."""
-    from cdc_apply import gate
+    from cdc_apply.apply import gate
 
     branch_rows, folded_rows, expected = RECONCILE_CASES[case]
     schema = "id int, _cdc_position string, _cdc_deleted boolean"

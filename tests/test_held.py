@@ -1,4 +1,4 @@
-"""The held-file record (``cdc_apply.held``): pure parts, no Spark.  The
+"""The held-file record (``cdc_apply.apply.held``): pure parts, no Spark.  The
 apply across batches is tested in ``tests/test_ces_qlik_apply.py``."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import datetime as dt
 
 import pytest
 
-from cdc_apply.archive import ArchiveFile
+from cdc_apply.apply.held import HELD_KEY, carry, line_ranges, prior_in_batch
+from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.errors import AlreadyAppliedFileChanged
-from cdc_apply.held import HELD_KEY, carry, line_ranges, prior_in_batch
 
 
 def f(path: str, sha: str = "a" * 64) -> ArchiveFile:

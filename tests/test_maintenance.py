@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cdc_apply.config import SourceConfig
 from cdc_apply import ledger
+from cdc_apply.config import SourceConfig
 from cdc_apply.maintenance import Retention, maintain_audit, maintain_source, maintain_table
 from tests.apply_harness import apply_events, event
 
@@ -43,8 +43,8 @@ def test_maintenance_skips_a_table_with_an_open_audit_branch(spark, settings):
 def test_a_batch_waits_while_maintenance_holds_the_table(spark, settings):
     import os
 
+    from cdc_apply.apply.merge import MAINTENANCE_BRANCH
     from cdc_apply.maintenance import lock_key
-    from cdc_apply.merge import MAINTENANCE_BRANCH
 
     ns = "maint_3"
     apply_events(spark, settings, ns, [event("c", 1, {"name": "x", "amount": "1.00"}, pos=1)])
@@ -78,7 +78,7 @@ def test_audit_tables_are_compacted_and_keep_every_row(spark, settings):
     def ledger_rows():
         return sorted(tuple(r) for r in spark.sql(f"SELECT batch_id, table_name, status, to_json(files) FROM {ident}").collect())
 
-    rows, applied = ledger_rows(), ledger.applied_files(settings, ns)
+    rows, applied = ledger_rows(), ledger.Ledger(settings).applied_files(ns)
     assert len(applied) == 3
     assert spark.sql(f"SELECT count(*) FROM {ident}.files").collect()[0][0] >= 3
     snaps_before = spark.sql(f"SELECT count(*) FROM {ident}.snapshots").collect()[0][0]
@@ -86,9 +86,9 @@ def test_audit_tables_are_compacted_and_keep_every_row(spark, settings):
     assert report["table"] == ident and report["rewrite_data_files"]["rewritten_data_files_count"] >= 3
     assert spark.sql(f"SELECT count(*) FROM {ident}.files").collect()[0][0] == 1
     assert spark.sql(f"SELECT count(*) FROM {ident}.snapshots").collect()[0][0] < snaps_before  # expired (rows kept)
-    assert ledger_rows() == rows and ledger.applied_files(settings, ns) == applied  # Spark and pyiceberg read the same rows
+    assert ledger_rows() == rows and ledger.Ledger(settings).applied_files(ns) == applied  # Spark and pyiceberg read the same rows
     r = apply_events(spark, settings, ns, [event("c", 9, {"name": "y", "amount": "2.00"}, pos=20)])  # and the ledger goes on
-    assert r.status == "complete" and len(ledger.applied_files(settings, ns)) == 4
+    assert r.status == "complete" and len(ledger.Ledger(settings).applied_files(ns)) == 4
 
 
 def test_maintenance_folds_the_delete_files_of_a_merge_on_read_source(spark, settings):

@@ -51,7 +51,7 @@ def stack(tmp_path_factory):
 
 
 def _write_demo_archive(folder: Path) -> None:
-    from cdc_apply.archive import write_jsonl
+    from cdc_apply.archive.files import write_jsonl
     from cdc_apply.demo import demo_changes
 
     for hour, lines in demo_changes(START).items():
@@ -86,10 +86,10 @@ def _cdc(env: dict[str, str], *args: str, timeout: float = 420) -> subprocess.Co
 def _manifest(stack) -> Path:
     """Discovery's manifest (what the DAG passes with --files-from), listed
     and fingerprinted on the object store by storage.list_object_files."""
-    from cdc_apply.storage import list_object_files
+    from cdc_apply.archive.object_store import list_object_files
 
     files = list_object_files(f"{ARCHIVE}/{SOURCE}", filesystem=stack["s3"].filesystem())
-    from cdc_apply.archive import write_manifest
+    from cdc_apply.archive.files import write_manifest
 
     return write_manifest(stack["work"] / "manifest.json", files)
 
@@ -116,7 +116,7 @@ def _catalog(stack):
 def test_list_object_files_maps_hours_and_fingerprints(stack):
     import hashlib
 
-    from cdc_apply.storage import list_object_files
+    from cdc_apply.archive.object_store import list_object_files
 
     fs = stack["s3"].filesystem()
     files = list_object_files(f"{ARCHIVE}/{SOURCE}", filesystem=fs)

@@ -38,7 +38,7 @@ def _sources(tmp_path, monkeypatch, name: str, tables: str = "      customers: {
 
 
 def _file(folder: Path, hour: int, lines: list[str], name: str = "f.jsonl") -> Path:
-    from cdc_apply.archive import write_jsonl
+    from cdc_apply.archive.files import write_jsonl
 
     return write_jsonl(folder / f"2026/01/01/{hour:02d}" / name, lines)
 
@@ -61,7 +61,7 @@ def _live(spark, ident: str) -> set[int]:
 def _batch_rows(settings, source: str, batch_id: str) -> list[dict]:
     from cdc_apply import ledger
 
-    return [r for r in ledger.batch_rows(settings, source) if r["batch_id"] == batch_id and r["table_name"] == "*"]
+    return [r for r in ledger.Ledger(settings).batch_rows(source) if r["batch_id"] == batch_id and r["table_name"] == "*"]
 
 
 # -- 1. two source schemas with one table name ------------------------------------------------
@@ -120,7 +120,7 @@ class _Killed(BaseException):
 
 
 def _kill_at(monkeypatch, point: str) -> None:
-    from cdc_apply import tables
+    from cdc_apply.apply import tables
 
     def die(*_a, **_k):
         raise _Killed(point)
@@ -167,7 +167,7 @@ def test_a_run_killed_while_creating_the_table_is_finished_by_the_rerun(spark, s
     drop = ("_cdc_batch_id", "_cdc_applied_at")
     assert sorted(map(tuple, spark.table(ident).drop(*drop).collect())) == sorted(map(tuple, spark.table(clean).drop(*drop).collect()))
     assert {r["id"] for r in spark.table(ident + "_live").collect()} == {2}
-    table = ledger.load_catalog(settings).load_table(f"{ns}.customers")
+    table = ledger.Ledger(settings).catalog.load_table(f"{ns}.customers")
     assert [table.schema().find_field(i).name for i in table.schema().identifier_field_ids] == ["id"]
     assert table.properties.get("cdc.created") == "true"
 
@@ -201,7 +201,7 @@ def test_a_publish_that_died_after_its_fast_forward_is_recognised(spark, setting
     ident = res["tables"][0]["table"]
     assert _apply(capsys, "--stage", "validate", "--result-file", r, "--table", ident)[0] == 0
     # the publish task's commit, then the kill: its result file never says "published"
-    snap = ledger.fast_forward(ledger.load_catalog(settings), ident.split(".", 1)[1], res["tables"][0]["branch"])
+    snap = ledger.Ledger(settings).fast_forward(ident.split(".", 1)[1], res["tables"][0]["branch"])
     if retried == "publish":
         code, tres = _apply(capsys, "--stage", "publish", "--result-file", r, "--table", ident)
         assert code == 0 and tres["status"] == "published" and tres["snapshot_id"] == str(snap)  # ids as strings (issue 22)
@@ -218,7 +218,7 @@ _MAINTAIN_AND_HANG = """
 import sys, time
 from cdc_apply import maintenance
 from cdc_apply.config import Settings
-from cdc_apply.spark_session import get_spark
+from cdc_apply.runtime.session import get_spark
 def hang(*a, **k):
     print("LOCKED", flush=True)
     time.sleep(600)
@@ -230,7 +230,7 @@ maintenance.maintain_table(get_spark(settings, app_name="cdc-maint-killed"), set
 
 def test_a_killed_maintenance_lock_is_recovered_by_apply_and_maintenance(spark, settings, tmp_path, monkeypatch, capsys, caplog):
     from cdc_apply import maintenance
-    from cdc_apply.merge import MAINTENANCE_BRANCH
+    from cdc_apply.apply.merge import MAINTENANCE_BRANCH
 
     _sources(tmp_path, monkeypatch, "maintkill")
     _file(tmp_path / "arch", 0, [_msg("public", "customers", 1, 100)])
@@ -268,7 +268,7 @@ def test_a_killed_maintenance_lock_is_recovered_by_apply_and_maintenance(spark, 
 
 def test_a_live_maintenance_lock_still_holds(spark, settings, tmp_path, monkeypatch, capsys):
     from cdc_apply import maintenance
-    from cdc_apply.merge import MAINTENANCE_BRANCH
+    from cdc_apply.apply.merge import MAINTENANCE_BRANCH
 
     _sources(tmp_path, monkeypatch, "maintlive")
     _file(tmp_path / "arch", 0, [_msg("public", "customers", 1, 100)])
@@ -288,10 +288,9 @@ def test_a_live_maintenance_lock_still_holds(spark, settings, tmp_path, monkeypa
 
 @pytest.mark.parametrize("key", ["k', 'injected'='yes", "id,x", "a\\\\'b", "ключ; DROP TABLE x"])
 def test_hostile_key_names_are_stored_exactly_and_inject_nothing(spark, settings, key):
-    from tests.apply_harness import apply_events
-
-    from cdc_apply import tables
+    from cdc_apply.apply import tables
     from cdc_apply.model import ChangeEvent, Column, Op
+    from tests.apply_harness import apply_events
 
     ns = f"hostile_{abs(hash(key)) % 10_000}"
     ev = ChangeEvent(
@@ -311,9 +310,8 @@ def test_hostile_key_names_are_stored_exactly_and_inject_nothing(spark, settings
 
 
 def test_quarantine_reasons_are_counted_by_class_with_the_detail_kept(spark, settings):
-    from tests.apply_harness import apply_events, event
-
     from cdc_apply.model import Quarantined
+    from tests.apply_harness import apply_events, event
 
     bad = [Quarantined(reason=f"DecodeError: malformed JSON: unexpected character: line 1 column {i} (char {i - 1})", raw="{", file="/virtual/qc/f.jsonl", line=i) for i in range(1, 926)]
     res = apply_events(spark, settings, "qclass", [event("c", 1, {"name": "a"}, pos=1, file="/virtual/qc/f.jsonl", line=2000), *bad])

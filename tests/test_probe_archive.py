@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from cdc_apply import archive
+from cdc_apply.archive import files, lines, listing
 from cdc_apply.errors import ArchiveUnreadable, CdcError, TerminalError
 
 BOM = b"\xef\xbb\xbf"
 
 
 def _two_hours(root: Path) -> tuple[Path, Path]:
-    early = archive.write_jsonl(root / "2026/01/01/00" / "a.jsonl", ['{"x":1}'])
-    late = archive.write_jsonl(root / "2026/01/01/01" / "b.jsonl", ['{"x":2}'])
+    early = files.write_jsonl(root / "2026/01/01/00" / "a.jsonl", ['{"x":1}'])
+    late = files.write_jsonl(root / "2026/01/01/01" / "b.jsonl", ['{"x":2}'])
     return early, late
 
 
@@ -42,7 +42,7 @@ def test_unreadable_hour_folder_fails_the_listing_as_a_real_non_root_user(tmp_pa
     os.chmod(base / "2026/01/01/00", 0)
     code = (
         "import sys; from cdc_apply import archive\n"
-        "try:\n    archive.list_files(sys.argv[1])\nexcept Exception as e:\n"
+        "try:\n    listing.list_files(sys.argv[1])\nexcept Exception as e:\n"
         "    print(type(e).__name__, e); sys.exit(3)\n"
         "print('listed'); sys.exit(0)\n"
     )
@@ -67,7 +67,7 @@ def test_listing_error_is_transient_and_names_the_folder(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "scandir", scandir)
     with pytest.raises(ArchiveUnreadable, match=str(early.parent)) as info:
-        archive.list_files(base)
+        listing.list_files(base)
     assert isinstance(info.value, CdcError) and not isinstance(info.value, TerminalError)
 
 
@@ -88,24 +88,24 @@ def test_cdc_pending_fails_with_exit_1_instead_of_listing_the_later_hour(tmp_pat
 
 
 def test_unreadable_file_is_a_named_transient_error(tmp_path, monkeypatch):
-    f = archive.write_jsonl(tmp_path / "a.jsonl", ['{"x":1}'])
+    f = files.write_jsonl(tmp_path / "a.jsonl", ['{"x":1}'])
     real_open = Path.open
     monkeypatch.setattr(Path, "open", lambda self, *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied", str(self))) if self == f else real_open(self, *a, **k))
     with pytest.raises(ArchiveUnreadable, match=f"archive file {f} cannot be read"):
-        archive.sha256_of(f)
+        listing.sha256_of(f)
 
 
 @pytest.mark.parametrize("compress", [False, True])
 def test_utf8_bom_is_stripped_not_quarantined(compress):
     payload = BOM + b'{"a":1}\n{"b":2}\n'
     data = gzip.compress(payload) if compress else payload
-    items = list(archive.iter_lines("f.jsonl", data))
+    items = list(lines.iter_lines("f.jsonl", data))
     assert [(m.line, m.text) for m in items] == [(1, '{"a":1}'), (2, '{"b":2}')]
 
 
 def test_bom_only_at_the_start_of_the_file_is_an_encoding_marker():
     """Inside a file a BOM is content (and the decoder judges it)."""
-    items = list(archive.iter_lines("f.jsonl", b'{"a":1}\n' + BOM + b'{"b":2}\n'))
+    items = list(lines.iter_lines("f.jsonl", b'{"a":1}\n' + BOM + b'{"b":2}\n'))
     assert items[1].text == '\ufeff{"b":2}'
 
 
@@ -129,7 +129,7 @@ class _FailingStore:
 
 @pytest.mark.parametrize("fail_listing", [True, False], ids=["listing", "read"])
 def test_object_store_faults_are_named_transient_errors(tmp_path, fail_listing):
-    from cdc_apply.storage import list_object_files
+    from cdc_apply.archive.object_store import list_object_files
 
     _two_hours(tmp_path / "bucket" / "src")
     with pytest.raises(ArchiveUnreadable, match="cannot be listed" if fail_listing else "cannot be read"):

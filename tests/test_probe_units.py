@@ -4,10 +4,12 @@ against hostile identifiers (hypothesis), and quarantine reason classes."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
+from cdc_apply.apply.tables import decode_key, encode_key, sql_string
 from cdc_apply.results import reason_class
-from cdc_apply.tables import decode_key, encode_key, sql_string
 
 HOSTILE = st.one_of(
     st.sampled_from(["k', 'injected'='yes", "id,x", "a`b", "x;y", "a.b", "a b", "\\", "'", "\\'", "ключ", "é,'\\\"", "x" * 300]),

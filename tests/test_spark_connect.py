@@ -15,10 +15,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from cdc_apply.submit import running_connect_server
-
 from tests.airflow_env import VENV_BIN, airflow_env
-from tests.servers import free_port
+from tests.servers import free_port, running_connect_server
 from tests.test_e2e_dag_runner import check_demo_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

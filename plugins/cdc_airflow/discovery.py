@@ -35,9 +35,8 @@ def discover(
     wrong source, a bad table filter, an override without a reason."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from cdc_apply.errors import TerminalError
-
     from cdc_airflow.guidance import config_steps
+    from cdc_apply.errors import TerminalError
 
     try:
         return _discover(source, data_interval_end, run_id, max_files, table_filter=table_filter, dry_run=dry_run,
@@ -52,10 +51,10 @@ def discover(
 def _discover(source, data_interval_end, run_id, max_files, *, table_filter, dry_run, override, override_reason, operator) -> dict[str, Any]:
     import re
 
-    from cdc_apply.archive import write_manifest
+    from cdc_apply.archive.files import write_manifest
+    from cdc_apply.batch import batch_id_for, pending_files
     from cdc_apply.config import Settings, get_source
     from cdc_apply.errors import ConfigError
-    from cdc_apply.job import batch_id_for, pending_files
     from cdc_apply.results import Override
 
     settings = Settings.from_env()
@@ -107,11 +106,10 @@ def publish_table(result_file: str, table: str, outlet_events=None) -> dict[str,
     """Fast-forward main of one validated table; emit its Asset."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from cdc_apply.config import Settings
-    from cdc_apply.job import publish_batch
-    from cdc_apply.results import load_result, save_table_result
-
     from cdc_airflow.assets import TABLES_ALIAS, table_asset
+    from cdc_apply.batch import publish_batch
+    from cdc_apply.config import Settings
+    from cdc_apply.results import load_result, save_table_result
 
     settings = Settings.from_env()
     result = load_result(result_file)
@@ -142,8 +140,8 @@ def finish(result_file: str | None) -> dict[str, Any]:
     no batch was started, so there is nothing to record."""
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+    from cdc_apply.batch import finish_batch
     from cdc_apply.config import Settings
-    from cdc_apply.job import finish_batch
     from cdc_apply.results import load_result, save_result
 
     from cdc_airflow.guidance import headline, next_steps

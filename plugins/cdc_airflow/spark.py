@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 APPLICATION = str(PROJECT_ROOT / "spark_jobs" / "apply_batch.py")
@@ -52,16 +52,15 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
             if remote:
                 self._run_on_spark_connect(remote)
             else:
-                from cdc_apply.submit import job_conf, submit_settings
+                from cdc_apply.config import Settings
+                from cdc_apply.runtime.submit import submit_spec
 
-                s = submit_settings()
-                self.jars = s["jars"]
-                self.py_files = s["py_files"]
-                self.env_vars = {**s["env"], **(self.env_vars or {})}
                 own_conf = dict(self.conf or {})
-                # The task's own conf wins; Java options of its own mean no class archive.
-                s = {**s, "conf": {**s["conf"], **own_conf}}
-                with job_conf(s) as conf:  # the driver's class archive (cdc_apply/class_archive.py)
+                spec = submit_spec(Settings.from_env(), os.environ).with_conf(own_conf)
+                self.jars = ",".join(spec.jars)
+                self.py_files = spec.py_files
+                self.env_vars = {**spec.env, **(self.env_vars or {})}
+                with spec.job_conf() as conf:  # the driver's class archive (cdc_apply/runtime/class_archive.py)
                     self.conf = conf
                     try:
                         super().execute(context)
@@ -118,19 +117,16 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
         """Run the job in this task's process as a client of the Spark Connect
         server: no JVM to start, the server's is warm.  Same arguments, exit
         codes and result file as the spark-submit job."""
+        import dataclasses
+
         from airflow.sdk.exceptions import AirflowException
+
         from cdc_apply.cli import main
+        from cdc_apply.config import Settings
 
         self.log.info("running %s on the Spark Connect server %s", " ".join(self.application_args), url.split(";")[0])
-        saved = os.environ.get("CDC_SPARK_REMOTE")
-        os.environ["CDC_SPARK_REMOTE"] = url
-        try:
-            code = main([str(a) for a in self.application_args])  # releases its session on the server
-        finally:
-            if saved is None:
-                os.environ.pop("CDC_SPARK_REMOTE", None)
-            else:
-                os.environ["CDC_SPARK_REMOTE"] = saved
+        settings = dataclasses.replace(Settings.from_env(), spark_remote=url)
+        code = main([str(a) for a in self.application_args], settings)  # releases its session on the server
         if code != 0:
             raise AirflowException(f"the CDC job exited {code} on the Spark Connect server")
 
@@ -148,7 +144,7 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
 
 _LEVEL = re.compile(r"^(?:\S+ \S+|\d\d/\d\d/\d\d \d\d:\d\d:\d\d)[ ,.\d]* (DEBUG|INFO|WARN|WARNING|ERROR|CRITICAL|FATAL)\b")
 """the level of a job line: ours (``2026-01-01 03:00:00,123 WARNING name: ...``,
-cdc_apply/logs.py) or log4j's (``26/01/01 03:00:00 WARN Class: ...``)"""
+cdc_apply/runtime/logs.py) or log4j's (``26/01/01 03:00:00 WARN Class: ...``)"""
 _LEVELS = {"DEBUG": "debug", "INFO": "info", "WARN": "warning", "WARNING": "warning", "ERROR": "error", "CRITICAL": "critical", "FATAL": "critical"}
 _CHATTER = re.compile(
     r"^(?:\d\d/\d\d/\d\d \d\d:\d\d:\d\d (?:INFO \w+|WARN (?:Utils: (?:Your hostname|Set SPARK_LOCAL_IP|Service 'SparkUI' could not bind)|NativeCodeLoader|SparkStringUtils: Truncated))"
@@ -164,9 +160,10 @@ class LevelByLine:
     filter) as errors and warnings, not as INFO.  A traceback is an error,
     and so is what follows an error up to the next line with a level."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, verbose: bool | None = None) -> None:
         self._inner = inner
         self._level = "info"
+        self._verbose = _verbose() if verbose is None else verbose
 
     def info(self, msg: Any, *args: Any, **kwargs: Any) -> None:
         text = str(msg)
@@ -179,7 +176,7 @@ class LevelByLine:
             self._level = "error"
         elif self._level == "warning" and not text.startswith(("at ", "File ", "Caused by", "...")):
             self._level = "info"
-        level = "debug" if not args and _CHATTER.match(text) and not _verbose() else self._level
+        level = "debug" if not args and not self._verbose and _CHATTER.match(text) else self._level
         getattr(self._inner, level)(msg, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -187,9 +184,9 @@ class LevelByLine:
 
 
 def _verbose() -> bool:
-    from cdc_apply.logs import verbose
+    from cdc_apply.config import Settings
 
-    return verbose()
+    return Settings.from_env().log_verbose
 
 
 def _terminal(result: dict[str, Any]) -> bool:

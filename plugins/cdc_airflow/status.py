@@ -11,11 +11,12 @@ from typing import Any
 
 def table_status(settings) -> list[dict[str, Any]]:
     """One dict per table of every configured source, ids as strings."""
-    from cdc_apply import ledger
+    from cdc_apply.batch import pending_files
     from cdc_apply.config import load_sources
-    from cdc_apply.job import pending_files
+    from cdc_apply.ledger import Ledger
 
-    catalog = ledger.load_catalog(settings)
+    ledger = Ledger(settings)
+    catalog = ledger.catalog
     now = dt.datetime.now(dt.timezone.utc)
     out = []
     for src in load_sources(settings).values():
@@ -29,10 +30,10 @@ def table_status(settings) -> list[dict[str, Any]]:
             pending, pending_error = [], f"{type(exc).__name__}: {exc}"
         else:
             pending_error = None
-        rows = ledger.batch_rows(settings, src.name, catalog)
+        rows = ledger.batch_rows(src.name)
         for ident in idents:
             full = f"{settings.catalog_name}.{ident}"
-            led = ledger.read_table_ledger(settings, ident, catalog)
+            led = ledger.table_ledger(ident)
             deleted = catalog.load_table(ident).scan(selected_fields=("_cdc_deleted",)).to_arrow().column("_cdc_deleted").to_pylist()
             mine = [r for r in rows if r["table_name"] == full]
             failures = [r for r in mine if r["status"] == "failed"]

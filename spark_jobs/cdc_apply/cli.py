@@ -19,8 +19,10 @@ import os
 import sys
 from pathlib import Path
 
-from .config import Settings, get_source, load_sources
-from .errors import CdcError, TerminalError
+from cdc_apply.config import Settings, get_source, load_sources
+from cdc_apply.errors import CdcError, TerminalError
+from cdc_apply.results import BatchResult
+from cdc_apply.status import Status
 
 EXIT_TERMINAL = 2
 
@@ -32,34 +34,40 @@ def _ts(text: str | None) -> dt.datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
-def _emit(result, result_file: str | None, next_status: str | None = None) -> int:
+def _emit(result: BatchResult, result_file: str | None, next_status: str | None = None) -> int:
     """Exit 0 while some table can go on to the next stage (``next_status``),
     so one table's failure does not stop the others; the last stage reports it."""
-    from .results import save_result
+    from cdc_apply.results import save_result
 
     print(result.to_json() if sys.stdout.isatty() else json.dumps(json.loads(result.to_json()), separators=(",", ":")))  # one line in a task log
     if result_file:
         save_result(result_file, result)
-    if result.status == "failed" and not (next_status and result.pending(next_status)):
+    if result.status == Status.FAILED and not (next_status and result.pending(next_status)):
         return EXIT_TERMINAL if result.terminal else 1
     return 0
 
 
-def _emit_table(result, result_file: str, table: str) -> int:
+def _emit_table(result: BatchResult, result_file: str, table: str) -> int:
     """A per-table stage (the DAG maps them): its own file, its own exit code."""
-    from .results import ids_as_strings, save_table_result
+    from cdc_apply.results import ids_as_strings, save_table_result
 
     tr = result.table(table)
     print(json.dumps({"batch_id": result.batch_id, **ids_as_strings(tr.__dict__)}, default=str, indent=2 if sys.stdout.isatty() else None))
     save_table_result(result_file, tr)
-    if tr.status == "failed":
+    if tr.status == Status.FAILED:
         return EXIT_TERMINAL if tr.terminal else 1
     return 0
 
 
 def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
-    from .job import finish_batch, pending_files, publish_batch, run_batch, validate_batch
-    from .results import Override, load_result
+    from cdc_apply.batch import (
+        finish_batch,
+        pending_files,
+        publish_batch,
+        run_batch,
+        validate_batch,
+    )
+    from cdc_apply.results import Override, load_result
 
     if args.stage in ("validate", "publish", "finish"):
         if not args.result_file:
@@ -74,14 +82,14 @@ def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
             return _emit_table(result, args.result_file, args.table)
         if args.stage in ("publish", "finish"):
             finish_batch(settings, result)
-        return _emit(result, args.result_file, "validated" if args.stage == "validate" else None)
+        return _emit(result, args.result_file, Status.VALIDATED if args.stage == "validate" else None)
     if not args.source:
         print("error: --source is required", file=sys.stderr)
         return EXIT_TERMINAL
     source = get_source(settings, args.source)
     override = Override.parse(args.override, args.override_reason, args.override_operator)
     if args.files_from:
-        from .archive import read_manifest
+        from cdc_apply.archive.files import read_manifest
 
         files = read_manifest(args.files_from)
     else:  # --dir: the same rules as the source's own archive folder
@@ -90,11 +98,11 @@ def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
     result = run_batch(
         settings, source.name, files, dry_run=args.dry_run, table_filter=args.table_filter, max_files=args.max_files, stages=stages, override=override
     )
-    return _emit(result, args.result_file, "written" if args.stage == "write" else None)
+    return _emit(result, args.result_file, Status.WRITTEN if args.stage == "write" else None)
 
 
 def cmd_pending(args: argparse.Namespace, settings: Settings) -> int:
-    from .job import pending_files
+    from cdc_apply.batch import pending_files
 
     source = get_source(settings, args.source)
     for f in pending_files(settings, source, since=_ts(args.since), until=_ts(args.until)):
@@ -104,9 +112,10 @@ def cmd_pending(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     """Per table: last batch, last position, live rows, tombstones, snapshot."""
-    from . import ledger
+    from cdc_apply import ledger
 
-    catalog = ledger.load_catalog(settings)
+    led = ledger.Ledger(settings)
+    catalog = led.catalog
     sources = [get_source(settings, args.source)] if args.source else list(load_sources(settings).values())
     out = []
     for src in sources:
@@ -117,7 +126,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         if args.table:
             idents = [i for i in idents if i == args.table or i.endswith("." + args.table)]
         for ident in sorted(idents):
-            led = ledger.read_table_ledger(settings, ident, catalog)
+            tled = led.table_ledger(ident)
             table = catalog.load_table(ident)
             deleted = table.scan(selected_fields=("_cdc_deleted",)).to_arrow().column("_cdc_deleted").to_pylist()
             out.append(
@@ -126,11 +135,11 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                     "table": ident,
                     "rows": sum(1 for d in deleted if not d),
                     "tombstones": sum(1 for d in deleted if d),
-                    "last_batch": led.last_batch if led else None,
-                    "last_position": led.last_position if led else None,
-                    "last_applied_at": led.last_applied_at if led else None,
-                    "batches": len(led.batches) if led else 0,
-                    "snapshot_id": str(led.snapshot_id) if led and led.snapshot_id is not None else None,  # 64-bit: a string (JSON readers round numbers)
+                    "last_batch": tled.last_batch if tled else None,
+                    "last_position": tled.last_position if tled else None,
+                    "last_applied_at": tled.last_applied_at if tled else None,
+                    "batches": len(tled.batches) if tled else 0,
+                    "snapshot_id": str(tled.snapshot_id) if tled and tled.snapshot_id is not None else None,  # 64-bit: a string (JSON readers round numbers)
                 }
             )
     print(json.dumps(out, indent=2, default=str))
@@ -138,8 +147,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
-    from .maintenance import Retention, maintain_audit, maintain_source
-    from .spark_session import get_spark
+    from cdc_apply.maintenance import Retention, maintain_audit, maintain_source
+    from cdc_apply.runtime.session import get_spark
 
     spark = get_spark(settings, app_name="cdc-maintenance")
     retention = Retention.from_env(args.snapshot_retention_days, args.tombstone_retention_days)
@@ -153,7 +162,7 @@ def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_connect_server(args: argparse.Namespace, settings: Settings) -> int:
     """Run a Spark Connect server in the foreground (exec of spark-submit):
     the long-lived driver that jobs attach to with CDC_SPARK_REMOTE."""
-    from .submit import connect_server_command, connect_server_env
+    from cdc_apply.runtime.submit import connect_server_command, connect_server_env
 
     cmd = connect_server_command(settings, host=args.host, port=args.port)
     print(f"Spark Connect server on {args.host}:{args.port} (master {settings.spark_master}); "
@@ -217,14 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .logs import configure as configure_logging
+def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:
+    """Run one command; ``settings`` default to the environment's (the Airflow
+    operator passes its own, e.g. with the Spark Connect server's URL)."""
+    from cdc_apply.runtime.logs import configure as configure_logging
 
     configure_logging()  # project INFO, library chatter off (CDC_LOG_VERBOSE=1 brings it back)
     args = build_parser().parse_args(argv)
-    settings = None
     try:
-        settings = Settings.from_env()
+        settings = settings or Settings.from_env()
+        if settings.log_verbose:
+            configure_logging(verbose=True)
         return args.func(args, settings)
     except TerminalError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -234,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if settings is not None and settings.spark_remote:
-            from .spark_session import stop_remote_session
+            from cdc_apply.runtime.session import stop_remote_session
 
             stop_remote_session()
 

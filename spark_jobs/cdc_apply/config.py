@@ -7,22 +7,24 @@ Every setting fails fast with a message that names the variable to fix.
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-from .errors import ConfigError
+from cdc_apply.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ICEBERG_SPARK_RUNTIME = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.11.0"
 SQLITE_JDBC = "org.xerial:sqlite-jdbc:3.50.3.0"
 JARS = (ICEBERG_SPARK_RUNTIME, SQLITE_JDBC)
 # Object storage: S3FileIO with its AWS SDK v2 for table files
-# (storage.extra_jar_coordinates adds it to spark.jars only when S3 is
+# (runtime.spark_conf.extra_jar_coordinates adds it to spark.jars only when S3 is
 # configured; ./dev setup fetches it).  Archives are read by pyarrow.
 ICEBERG_AWS_BUNDLE = "org.apache.iceberg:iceberg-aws-bundle:1.11.0"
 S3_JARS = (ICEBERG_AWS_BUNDLE,)
@@ -59,6 +61,42 @@ def _env(name: str, default: str) -> str:
     return value or default
 
 
+S3_SCHEMES = ("s3", "s3a", "s3n")
+
+
+def scheme_of(uri: str | os.PathLike | None) -> str:
+    """The URI scheme in lower case ('' for a plain path)."""
+    text = str(uri or "")
+    if "://" not in text:
+        return ""
+    return text.split("://", 1)[0].lower()
+
+
+def is_object_store_uri(uri: str | os.PathLike | None) -> bool:
+    return scheme_of(uri) in S3_SCHEMES
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """Where the object store is, as the driver sees it (``CDC_S3_ENDPOINT``,
+    e.g. http://127.0.0.1:9000, None for AWS itself; ``AWS_REGION``): shipped
+    to executors, whose environment may lack them.  Credentials are not in
+    it: each process reads the AWS default chain."""
+
+    endpoint: str | None = None
+    region: str | None = None
+
+    @property
+    def path_style(self) -> bool:
+        """Path-style addressing (http://host/bucket/key) with a custom endpoint,
+        as S3-compatible servers expect; virtual-hosted style on AWS itself."""
+        return self.endpoint is not None
+
+    @classmethod
+    def from_env(cls) -> S3Options:
+        return cls(endpoint=_env("CDC_S3_ENDPOINT", "") or None, region=_env("AWS_REGION", "") or None)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where things live.  Defaults: everything under ``$CDC_HOME`` (``.cdc/``)."""
@@ -86,6 +124,16 @@ class Settings:
     """How discovery checks that applied files did not change: 'size' (a
     listing; their SHA-256 is read only when the size differs) or 'sha256'
     (every applied file is read again on every run)."""
+    s3: S3Options = field(default_factory=S3Options)
+    driver_memory: str = "3g"
+    """``CDC_SPARK_DRIVER_MEMORY``: heap of every driver JVM the project starts."""
+    log_verbose: bool = False
+    """``CDC_LOG_VERBOSE=1``: library chatter back in the job's log (runtime/logs.py)."""
+    worker_python: str = field(default_factory=lambda: sys.executable)
+    """``CDC_PYSPARK_PYTHON``: the Python of the driver and its workers (the
+    executors' interpreter path on a cluster)."""
+    expectations_dir: Path = PROJECT_ROOT / "include" / "expectations"
+    """``CDC_EXPECTATIONS_DIR``: the users' Great Expectations suites."""
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -125,6 +173,11 @@ class Settings:
             audit_namespace=validate_identifier(_env("CDC_AUDIT_NAMESPACE", "cdc_audit"), "CDC_AUDIT_NAMESPACE"),
             extra_spark_conf=extra,
             verify_applied=verify_applied,
+            s3=S3Options.from_env(),
+            driver_memory=_env("CDC_SPARK_DRIVER_MEMORY", "3g"),
+            log_verbose=_env("CDC_LOG_VERBOSE", "").strip().lower() in {"1", "true", "yes", "on"},
+            worker_python=_env("CDC_PYSPARK_PYTHON", sys.executable),
+            expectations_dir=Path(_env("CDC_EXPECTATIONS_DIR", str(PROJECT_ROOT / "include" / "expectations"))),
         )
         return settings
 
@@ -135,20 +188,13 @@ class Settings:
             return Path(self.catalog_uri[len("jdbc:sqlite:"):])
         return None
 
-    def jar_paths(self) -> list[Path]:
-        from .storage import extra_jar_coordinates
+    @property
+    def warehouse_on_object_store(self) -> bool:
+        return is_object_store_uri(self.warehouse)
 
-        paths = []
-        for coord in JARS + extra_jar_coordinates(self):
-            _, artifact, version = coord.split(":")
-            path = self.jars_dir / f"{artifact}-{version}.jar"
-            if not path.exists():
-                raise ConfigError(
-                    f"missing jar {path}: run `./dev setup` (it fetches {coord} with Maven) "
-                    "or set CDC_JARS_DIR to a folder holding it"
-                )
-            paths.append(path)
-        return paths
+    @property
+    def archive_on_object_store(self) -> bool:
+        return is_object_store_uri(self.archive_dir)
 
     def pyiceberg_properties(self) -> dict[str, str]:
         """Properties for pyiceberg.catalog.load_catalog, matching Spark's catalog."""
@@ -158,8 +204,6 @@ class Settings:
             props = {"type": "sql", "uri": f"sqlite:///{self.sqlite_path}", "warehouse": self.warehouse}
         else:
             props = {"type": "rest", "uri": self.catalog_uri, "warehouse": self.warehouse}
-        from .storage import s3_path_style, s3_region, uses_object_store
-
         for key, env in (
             ("s3.endpoint", "CDC_S3_ENDPOINT"),
             ("s3.access-key-id", "AWS_ACCESS_KEY_ID"),
@@ -167,10 +211,10 @@ class Settings:
         ):
             if os.environ.get(env):
                 props[key] = os.environ[env]
-        if s3_region():
-            props["s3.region"] = s3_region()
+        if self.s3.region:
+            props["s3.region"] = self.s3.region
         if uses_object_store(self):
-            props["s3.path-style-access"] = "true" if s3_path_style() else "false"
+            props["s3.path-style-access"] = "true" if self.s3.path_style else "false"
         return props
 
 
@@ -213,7 +257,7 @@ class SourceConfig:
     """Source table (``db.schema.table``, ``schema.table`` or ``table``) -> target
     table name, for names that collide or are not valid Iceberg names."""
 
-    def lookup(self, mapping: dict, database: str | None, schema: str | None, table: str):
+    def lookup(self, mapping: Mapping[str, Any], database: str | None, schema: str | None, table: str) -> Any:
         """The entry of ``mapping`` for a source table, most specific name first."""
         for cand in (f"{database}.{schema}.{table}", f"{schema}.{table}", table):
             if cand in mapping:
@@ -225,7 +269,7 @@ class SourceConfig:
 
 
 def load_sources(settings: Settings) -> dict[str, SourceConfig]:
-    from .model import Format
+    from cdc_apply.model import Format
 
     path = settings.sources_file
     if not path.exists():
@@ -289,8 +333,7 @@ def _declared_columns(path: Path, source: str, table: str, spec: Any) -> dict[st
     """``columns: {col: type, ...}`` of a table, each type a Spark type name
     (``int``, ``decimal(12,2)``, ``timestamp_ntz``, ...) or a Debezium semantic
     name (``io.debezium.time.MicroTimestamp`` or ``MicroTimestamp``, ...)."""
-    from .decode.debezium_common import SEMANTIC_TYPES
-    from .model import is_supported_type
+    from cdc_apply.model import SEMANTIC_TYPES, is_supported_type
 
     if not isinstance(spec, dict) or not spec:
         raise ConfigError(f"{path}: columns of table {table!r} of source {source!r} must be a mapping {{column: type, ...}}")
@@ -312,3 +355,52 @@ def get_source(settings: Settings, name: str) -> SourceConfig:
     if name not in sources:
         raise ConfigError(f"unknown source {name!r}; {settings.sources_file} defines {sorted(sources)}")
     return sources[name]
+
+
+def uses_object_store(settings: Settings) -> bool:
+    """An object store is configured: ``CDC_S3_ENDPOINT`` is set, or the
+    warehouse or the archive is an ``s3://`` / ``s3a://`` URI."""
+    return settings.s3.endpoint is not None or settings.warehouse_on_object_store or settings.archive_on_object_store
+
+
+@dataclass(frozen=True)
+class Retention:
+    snapshot_days: float = 7.0
+    tombstone_days: float = 7.0
+    orphan_days: float = 3.0  # never below the longest write: files of running writes look orphaned
+    retain_last: int = 20
+
+    @classmethod
+    def from_env(cls, snapshot_days: float | None = None, tombstone_days: float | None = None) -> "Retention":
+        """Explicit values first, then ``CDC_SNAPSHOT_RETENTION_DAYS`` /
+        ``CDC_TOMBSTONE_RETENTION_DAYS``, then the defaults (7 days each)."""
+
+        def pick(value: float | None, env: str, default: float) -> float:
+            if value is not None:
+                days = float(value)
+            else:
+                text = os.environ.get(env, "").strip()
+                try:
+                    days = float(text) if text else default
+                except ValueError:
+                    raise ConfigError(f"{env}={text!r} is not a number of days") from None
+            if days < 0:
+                raise ConfigError(f"{env} must be >= 0 days, got {days}")
+            return days
+
+        return cls(
+            snapshot_days=pick(snapshot_days, "CDC_SNAPSHOT_RETENTION_DAYS", cls.snapshot_days),
+            tombstone_days=pick(tombstone_days, "CDC_TOMBSTONE_RETENTION_DAYS", cls.tombstone_days),
+        )
+
+
+def operator_name() -> str:
+    """Who runs this (recorded with an override): CDC_OPERATOR, the Airflow
+    DAG owner, else the OS user."""
+    for var in ("CDC_OPERATOR", "AIRFLOW_CTX_DAG_OWNER"):
+        if os.environ.get(var):
+            return os.environ[var]
+    try:
+        return getpass.getuser()
+    except Exception:  # no user database entry (containers)
+        return "unknown"

@@ -13,9 +13,11 @@ import datetime as dt
 import json
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
-from .archive import write_jsonl
-from .config import Settings, get_source
+from cdc_apply.archive.files import write_jsonl
+from cdc_apply.config import Settings, get_source
+from cdc_apply.status import Status
 
 _FIELDS = [
     {"type": "int32", "optional": False, "field": "id"},
@@ -60,7 +62,7 @@ def encode_decimal(value: Decimal, scale: int) -> str:
 
 
 def pg_message(op: str, lsn: int, tx: int, ts: dt.datetime, before: dict | None, after: dict | None) -> str:
-    def row(r):
+    def row(r: dict[str, Any] | None) -> dict[str, Any] | None:
         if r is None:
             return None
         out = dict(r)
@@ -90,10 +92,10 @@ def demo_changes(start: dt.datetime) -> dict[dt.datetime, list[str]]:
     hours: dict[dt.datetime, list[str]] = {}
     lsn, tx = 24_000_000, 600
 
-    def cust(i, first, bal, ts):
-        return {"id": i, "first_name": first, "last_name": f"Doe{i}", "email": f"c{i}@example.com", "balance": Decimal(bal), "updated_at": ts}
+    def cust(i: int, first: str | None, bal: str | None, ts: dt.datetime) -> dict[str, Any]:
+        return {"id": i, "first_name": first, "last_name": f"Doe{i}", "email": f"c{i}@example.com", "balance": Decimal(bal or "0"), "updated_at": ts}
 
-    plan = [
+    plan: list[list[tuple[str, int, str | None, str | None]]] = [
         # hour 0: five customers arrive (snapshot read of 1-3, inserts of 4-5)
         [("r", 1, "Anne", "10.00"), ("r", 2, "Bob", "20.50"), ("r", 3, "Cid", "0.00"), ("c", 4, "Dee", "99.99"), ("c", 5, "Eve", "-5.25")],
         # hour 1: updates, a delete, an insert+update of the same key
@@ -151,8 +153,8 @@ def write_next_demo_hour(settings: Settings, source_name: str = "pg_inventory") 
 def main(argv: list[str] | None = None) -> int:
     import logging
 
-    from .job import run_batch
-    from .ledger import load_catalog
+    from cdc_apply.batch import run_batch
+    from cdc_apply.ledger import Ledger
 
     p = argparse.ArgumentParser(description="CDC apply demo")
     p.add_argument("--source", default="pg_inventory")
@@ -171,17 +173,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {t.table}: {t.status} {t.counts} snapshot={t.snapshot_id}")
         if t.message:
             print(f"    {t.message}")
-    catalog = load_catalog(settings)
+    catalog = Ledger(settings).catalog
     table = catalog.load_table("pg_inventory.customers")
     rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
-    print(f"\nlake.pg_inventory.customers (snapshot {table.current_snapshot().snapshot_id}):")
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        print("\nlake.pg_inventory.customers has no snapshot yet")
+        return 1
+    print(f"\nlake.pg_inventory.customers (snapshot {snapshot.snapshot_id}):")
     cols = ["id", "first_name", "last_name", "email", "balance", "updated_at", "_cdc_position", "_cdc_op", "_cdc_deleted"]
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(str(r[c]) for c in cols))
-    summary = table.current_snapshot().summary.additional_properties
+    summary = snapshot.summary.additional_properties if snapshot.summary else {}
     print(f"\nsnapshot summary: batch {summary.get('cdc.batch-id')}, files {len(json.loads(summary.get('cdc.files', '[]')))}, counts {summary.get('cdc.counts')}")
-    return 0 if result.status in ("complete", "nothing-to-do") else 1
+    return 0 if result.status in (Status.COMPLETE, Status.NOTHING_TO_DO) else 1
 
 
 if __name__ == "__main__":

@@ -16,23 +16,36 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from .config import Settings
+from cdc_apply.config import Settings
+from cdc_apply.errors import AlreadyAppliedFileChanged, CdcError
+from cdc_apply.status import Status
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table.snapshots import Snapshot
+
+    from cdc_apply.results import BatchResult
+
+log = logging.getLogger(__name__)
 
 PREFIX = "cdc."
 BATCHES_TABLE = "batches"
 QUARANTINE_TABLE = "quarantine"
 # batch rows (table_name '*') whose files count as applied: 'skipped' is an
 # operator's explicit decision to never apply them (see results.Override)
-APPLIED_STATUSES = ("complete", "skipped")
+APPLIED_STATUSES = (Status.COMPLETE, Status.SKIPPED)
 AUDIT_BRANCH_PREFIX = "audit_"
 
 
 def audit_branch(batch_id: str) -> str:
     """The branch a batch writes to before the gate: ``audit_<batch id>``."""
     return f"{AUDIT_BRANCH_PREFIX}{batch_id}"
+
 
 @dataclass
 class TableLedger:
@@ -81,47 +94,14 @@ def ledger_from_summaries(summaries: list[dict[str, str]]) -> TableLedger:
     return led
 
 
-# -- pyiceberg side: light reads for discovery, status and the job -------------
+# -- pure: summaries, fingerprints ---------------------------------------------
 
 
-def load_catalog(settings: Settings):
-    from pyiceberg.catalog import load_catalog as _load
-
-    if settings.sqlite_path is not None:
-        settings.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
-    return _load(settings.catalog_name, **settings.pyiceberg_properties())
-
-
-def _summary_dict(snapshot) -> dict[str, str]:
+def _summary_dict(snapshot: Snapshot) -> dict[str, str]:
     summary = snapshot.summary
     if summary is None:
         return {}
-    out = dict(summary.additional_properties)
-    return out
-
-
-def read_table_ledger(settings: Settings, identifier: str, catalog=None) -> TableLedger | None:
-    """The ledger of ``namespace.table`` on main; None when the table does not exist."""
-    from pyiceberg.exceptions import NoSuchTableError
-    from pyiceberg.table.snapshots import ancestors_of
-
-    catalog = catalog or load_catalog(settings)
-    try:
-        table = catalog.load_table(identifier)
-    except NoSuchTableError:
-        return None
-    current = table.current_snapshot()
-    if current is None:
-        return TableLedger()
-    chain = list(ancestors_of(current, table.metadata))
-    led = ledger_from_summaries([_summary_dict(s) for s in reversed(chain)])
-    led.snapshot_id = current.snapshot_id
-    return led
-
-
-def applied_files(settings: Settings, source: str, catalog=None) -> dict[str, str]:
-    """Files of the source's complete batches: path -> sha256."""
-    return sha256_by_path(applied_file_records(settings, source, catalog))
+    return dict(summary.additional_properties)
 
 
 def sha256_by_path(records: dict[str, tuple[int, str]]) -> dict[str, str]:
@@ -129,48 +109,21 @@ def sha256_by_path(records: dict[str, tuple[int, str]]) -> dict[str, str]:
     return {path: sha for path, (_, sha) in records.items()}
 
 
-def applied_file_records(settings: Settings, source: str, catalog=None) -> dict[str, tuple[int, str]]:
-    """Files of the source's complete batches: path -> (size, sha256)."""
-    from pyiceberg.exceptions import NoSuchTableError
-    from pyiceberg.expressions import And, EqualTo, In
-
-    catalog = catalog or load_catalog(settings)
-    try:
-        table = catalog.load_table(f"{settings.audit_namespace}.{BATCHES_TABLE}")
-    except NoSuchTableError:
-        return {}
-    rows = table.scan(
-        row_filter=And(EqualTo("source", source), And(EqualTo("table_name", "*"), In("status", APPLIED_STATUSES))),
-        selected_fields=("files",),
-    ).to_arrow().to_pylist()
-    out: dict[str, tuple[int, str]] = {}
-    for r in rows:
-        for f in r["files"] or []:
-            out[f["path"]] = (f["size"], f["sha256"])
-    return out
+def not_yet_applied(files: list[Any], applied: Mapping[str, str], scope: str) -> list[Any]:
+    """The files (``ArchiveFile``s) not in ``applied`` (path -> SHA-256), in
+    order.  An applied file whose content changed since is refused, naming
+    it: archives are immutable, and applying it again would double changes."""
+    changed = [f.path for f in files if f.path in applied and applied[f.path] != f.sha256]
+    if changed:
+        raise AlreadyAppliedFileChanged(
+            f"{scope}: {len(changed)} already-applied file(s) changed on disk since they were applied: {changed[:5]}. "
+            "Archives are immutable: restore the original file, or move the new content to a new file name."
+        )
+    return [f for f in files if f.path not in applied]
 
 
-def latest_decoder_state(settings: Settings, source: str, catalog=None) -> dict[str, Any]:
-    rows = [r for r in batch_rows(settings, source, catalog) if r["table_name"] == "*" and r["status"] == "complete" and r["decoder_state"]]
-    return json.loads(rows[-1]["decoder_state"]) if rows else {}
-
-
-def batch_rows(settings: Settings, source: str | None = None, catalog=None) -> list[dict[str, Any]]:
-    from pyiceberg.exceptions import NoSuchTableError
-    from pyiceberg.expressions import AlwaysTrue, EqualTo
-
-    catalog = catalog or load_catalog(settings)
-    try:
-        table = catalog.load_table(f"{settings.audit_namespace}.{BATCHES_TABLE}")
-    except NoSuchTableError:
-        return []
-    flt = EqualTo("source", source) if source else AlwaysTrue()
-    return sorted(table.scan(row_filter=flt).to_arrow().to_pylist(), key=lambda r: (r["started_at"] or dt.datetime.min, r["table_name"]))
-
-
-# -- writes (pyiceberg: the publish stage needs no Spark) ------------------------
-
-def _arrow_schemas():
+def _arrow_schemas() -> tuple[Any, Any]:
+    """The pyarrow schemas of the batches and quarantine tables."""
     import pyarrow as pa
 
     files = pa.list_(pa.struct([("path", pa.string()), ("size", pa.int64()), ("sha256", pa.string())]))
@@ -191,149 +144,241 @@ def _arrow_schemas():
     return batches, quarantine
 
 
-def ensure_audit_tables(settings: Settings, catalog=None) -> None:
-    catalog = catalog or load_catalog(settings)
-    batches, quarantine = _arrow_schemas()
-    catalog.create_namespace_if_not_exists(settings.audit_namespace)
-    catalog.create_table_if_not_exists(f"{settings.audit_namespace}.{BATCHES_TABLE}", schema=batches, properties={"format-version": "2"})
-    catalog.create_table_if_not_exists(f"{settings.audit_namespace}.{QUARANTINE_TABLE}", schema=quarantine, properties={"format-version": "2"})
+# -- the ledger of a catalog -------------------------------------------------------
 
 
-def record_batch(settings: Settings, result) -> None:
-    """One ledger row per table attempt, plus the batch row (``table_name='*'``):
-    'complete' marks the batch's files applied for discovery."""
-    import pyarrow as pa
+def _eq(column: str, value: Any) -> Any:
+    """``column = value`` as a pyiceberg row filter.  (pyiceberg's predicates
+    are pydantic models whose generated signature mypy reads as keyword-only;
+    at run time the term and the literal are positional.)"""
+    from pyiceberg.expressions import EqualTo
 
-    catalog = load_catalog(settings)
-    ensure_audit_tables(settings, catalog)
-    now = dt.datetime.now(dt.timezone.utc)
-    started = dt.datetime.fromisoformat(result.started_at) if result.started_at else now
-    status = result.status if result.status in APPLIED_STATUSES else "failed"
-    if _already_recorded(catalog, settings, result.batch_id, started, status):
-        import logging
+    return EqualTo(column, value)  # type: ignore[call-arg, arg-type]
 
-        logging.getLogger(__name__).info("batch %s: already recorded (a retried finish): nothing appended", result.batch_id)
-        return
-    rows = []
-    for t in result.tables:
+
+def _isin(column: str, values: Iterable[str]) -> Any:
+    from pyiceberg.expressions import In
+
+    return In(column, tuple(values))  # type: ignore[call-arg, arg-type]
+
+
+class Ledger:
+    """The ledger of one catalog, read and written with pyiceberg (no Spark:
+    discovery and publish run without a JVM).  It holds its catalog, loaded
+    once on first use."""
+
+    def __init__(self, settings: Settings, catalog: Catalog | None = None) -> None:
+        self.settings = settings
+        self._catalog = catalog
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            from pyiceberg.catalog import load_catalog
+
+            if self.settings.sqlite_path is not None:
+                self.settings.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+            self._catalog = load_catalog(self.settings.catalog_name, **self.settings.pyiceberg_properties())
+        return self._catalog
+
+    @property
+    def batches_table(self) -> str:
+        return f"{self.settings.audit_namespace}.{BATCHES_TABLE}"
+
+    @property
+    def quarantine_table(self) -> str:
+        return f"{self.settings.audit_namespace}.{QUARANTINE_TABLE}"
+
+    # -- reads: discovery, status, the job ------------------------------------
+
+    def table_ledger(self, identifier: str) -> TableLedger | None:
+        """The ledger of ``namespace.table`` on main; None when the table does not exist."""
+        from pyiceberg.exceptions import NoSuchTableError
+        from pyiceberg.table.snapshots import ancestors_of
+
+        try:
+            table = self.catalog.load_table(identifier)
+        except NoSuchTableError:
+            return None
+        current = table.current_snapshot()
+        if current is None:
+            return TableLedger()
+        chain = list(ancestors_of(current, table.metadata))
+        led = ledger_from_summaries([_summary_dict(s) for s in reversed(chain)])
+        led.snapshot_id = current.snapshot_id
+        return led
+
+    def applied_files(self, source: str) -> dict[str, str]:
+        """Files of the source's complete batches: path -> sha256."""
+        return sha256_by_path(self.applied_file_records(source))
+
+    def applied_file_records(self, source: str) -> dict[str, tuple[int, str]]:
+        """Files of the source's complete batches: path -> (size, sha256)."""
+        from pyiceberg.exceptions import NoSuchTableError
+        from pyiceberg.expressions import And
+
+        try:
+            table = self.catalog.load_table(self.batches_table)
+        except NoSuchTableError:
+            return {}
+        rows = table.scan(
+            row_filter=And(_eq("source", source), And(_eq("table_name", "*"), _isin("status", APPLIED_STATUSES))),
+            selected_fields=("files",),
+        ).to_arrow().to_pylist()
+        out: dict[str, tuple[int, str]] = {}
+        for r in rows:
+            for f in r["files"] or []:
+                out[f["path"]] = (f["size"], f["sha256"])
+        return out
+
+    def latest_decoder_state(self, source: str) -> dict[str, Any]:
+        rows = [r for r in self.batch_rows(source) if r["table_name"] == "*" and r["status"] == Status.COMPLETE and r["decoder_state"]]
+        return json.loads(rows[-1]["decoder_state"]) if rows else {}
+
+    def batch_rows(self, source: str | None = None) -> list[dict[str, Any]]:
+        from pyiceberg.exceptions import NoSuchTableError
+        from pyiceberg.expressions import AlwaysTrue
+
+        try:
+            table = self.catalog.load_table(self.batches_table)
+        except NoSuchTableError:
+            return []
+        flt = _eq("source", source) if source else AlwaysTrue()
+        rows = table.scan(row_filter=flt).to_arrow().to_pylist()
+        return sorted(rows, key=lambda r: (r["started_at"] or dt.datetime.min, r["table_name"]))
+
+    def published_snapshot(self, identifier: str, batch_id: str) -> int | None:
+        """The newest snapshot of main's ancestry written by ``batch_id`` (its
+        ``cdc.batch-id``), None when main does not hold the batch: how a retried
+        publish or finish recognises its own completed fast-forward."""
+        from pyiceberg.table.snapshots import ancestors_of
+
+        table = self.catalog.load_table(identifier)
+        current = table.current_snapshot()
+        if current is None:
+            return None
+        for snap in ancestors_of(current, table.metadata):
+            if _summary_dict(snap).get(PREFIX + "batch-id") == batch_id:
+                return snap.snapshot_id
+        return None
+
+    # -- writes (the publish stage needs no Spark) -----------------------------
+
+    def ensure_audit_tables(self) -> None:
+        batches, quarantine = _arrow_schemas()
+        self.catalog.create_namespace_if_not_exists(self.settings.audit_namespace)
+        self.catalog.create_table_if_not_exists(self.batches_table, schema=batches, properties={"format-version": "2"})
+        self.catalog.create_table_if_not_exists(self.quarantine_table, schema=quarantine, properties={"format-version": "2"})
+
+    def record_batch(self, result: BatchResult) -> None:
+        """One ledger row per table attempt, plus the batch row (``table_name='*'``):
+        'complete' marks the batch's files applied for discovery."""
+        import pyarrow as pa
+
+        self.ensure_audit_tables()
+        now = dt.datetime.now(dt.timezone.utc)
+        started = dt.datetime.fromisoformat(result.started_at) if result.started_at else now
+        status = result.status if result.status in APPLIED_STATUSES else Status.FAILED
+        if self._already_recorded(result.batch_id, started, status):
+            log.info("batch %s: already recorded (a retried finish): nothing appended", result.batch_id)
+            return
+        rows = [_table_row(result, t, started, now) for t in result.tables]
+        held = set(result.held_files)
         rows.append(
             {
-                "batch_id": result.batch_id, "source": result.source, "table_name": t.table,
-                "status": "forced" if (t.override and t.status == "published") else t.status,
-                "files": result.files, "position_min": t.position_min, "position_max": t.position_max,
-                "counts": list((t.counts or {}).items()), "failed_expectations": t.failed_expectations,
-                "branch": t.branch, "snapshot_id": t.snapshot_id, "message": t.override or t.message, "data_docs": t.data_docs,
-                "decoder_state": None, "started_at": started, "ended_at": now,
+                "batch_id": result.batch_id, "source": result.source, "table_name": "*", "status": status,
+                "files": [f for f in result.files if f["path"] not in held], "position_min": None, "position_max": None,
+                "counts": list((result.messages or {}).items()), "failed_expectations": list(result.failed_checks),
+                "branch": None, "snapshot_id": None, "message": result.message, "data_docs": None,
+                "decoder_state": json.dumps(result.source_state) if status == Status.COMPLETE else None, "started_at": started, "ended_at": now,
             }
         )
-    held = set(result.held_files)
-    rows.append(
-        {
-            "batch_id": result.batch_id, "source": result.source, "table_name": "*", "status": status,
-            "files": [f for f in result.files if f["path"] not in held], "position_min": None, "position_max": None,
-            "counts": list((result.messages or {}).items()), "failed_expectations": list(result.failed_checks),
-            "branch": None, "snapshot_id": None, "message": result.message, "data_docs": None,
-            "decoder_state": json.dumps(result.source_state) if status == "complete" else None, "started_at": started, "ended_at": now,
-        }
-    )
-    batches, _ = _arrow_schemas()
-    _append(catalog, f"{settings.audit_namespace}.{BATCHES_TABLE}", pa.Table.from_pylist(rows, schema=batches))
+        batches, _ = _arrow_schemas()
+        self._append(self.batches_table, pa.Table.from_pylist(rows, schema=batches))
 
+    def _already_recorded(self, batch_id: str | None, started: dt.datetime, status: str) -> bool:
+        """Whether the batch is recorded complete (or skipped) already, or this
+        very attempt (same start) was recorded with this status: ``finish`` run
+        again (an Airflow retry after a kill) appends nothing, while a finish
+        that completes an attempt recorded failed before still records it."""
+        from pyiceberg.expressions import And
 
-def _already_recorded(catalog, settings: Settings, batch_id: str | None, started: dt.datetime, status: str) -> bool:
-    """Whether the batch is recorded complete (or skipped) already, or this
-    very attempt (same start) was recorded with this status: ``finish`` run
-    again (an Airflow retry after a kill) appends nothing, while a finish
-    that completes an attempt recorded failed before still records it."""
-    from pyiceberg.expressions import And, EqualTo
+        table = self.catalog.load_table(self.batches_table)
+        flt = And(_eq("batch_id", batch_id or ""), _eq("table_name", "*"))
+        rows = table.scan(row_filter=flt, selected_fields=("status", "started_at")).to_arrow().to_pylist()
+        return any(r["status"] in APPLIED_STATUSES or (r["started_at"] == started and r["status"] == status) for r in rows)
 
-    table = catalog.load_table(f"{settings.audit_namespace}.{BATCHES_TABLE}")
-    rows = table.scan(row_filter=And(EqualTo("batch_id", batch_id or ""), EqualTo("table_name", "*")), selected_fields=("status", "started_at")).to_arrow().to_pylist()
-    return any(r["status"] in APPLIED_STATUSES or (r["started_at"] == started and r["status"] == status) for r in rows)
+    def _append(self, identifier: str, data: Any, attempts: int = 5) -> None:
+        """Append, on a freshly loaded table each try: a commit that lost the race
+        (e.g. to the maintenance's compaction of the audit tables) was not made."""
+        from pyiceberg.exceptions import CommitFailedException
 
+        for attempt in range(1, attempts + 1):
+            try:
+                self.catalog.load_table(identifier).append(data)
+                return
+            except CommitFailedException:
+                if attempt == attempts:
+                    raise
+                time.sleep(0.2 * attempt)
 
-def published_snapshot(catalog, identifier: str, batch_id: str) -> int | None:
-    """The newest snapshot of main's ancestry written by ``batch_id`` (its
-    ``cdc.batch-id``), None when main does not hold the batch: how a retried
-    publish or finish recognises its own completed fast-forward."""
-    from pyiceberg.table.snapshots import ancestors_of
+    def fast_forward(self, identifier: str, branch: str, expected_head: int | None = None) -> int:
+        """Move main to the head of ``branch`` if main is its ancestor, drop the
+        branch and the audit branches earlier failed attempts left behind (this
+        batch re-applied their files); one atomic catalog commit.  Returns main's
+        new snapshot id."""
+        from pyiceberg.table.snapshots import ancestors_of
 
-    table = catalog.load_table(identifier)
-    current = table.current_snapshot()
-    if current is None:
-        return None
-    for snap in ancestors_of(current, table.metadata):
-        if _summary_dict(snap).get(PREFIX + "batch-id") == batch_id:
-            return snap.snapshot_id
-    return None
+        table = self.catalog.load_table(identifier)
+        ref = table.metadata.refs.get(branch)
+        if ref is None:
+            done = self.published_snapshot(identifier, branch.removeprefix(AUDIT_BRANCH_PREFIX))
+            if done is not None:  # an earlier attempt fast-forwarded and died before saving its result
+                log.warning("%s: batch of branch %r is already on main (snapshot %s): published by an earlier attempt", identifier, branch, done)
+                return done
+            raise CdcError(f"{identifier}: audit branch {branch!r} does not exist (already published, or never written)")
+        if expected_head is not None and ref.snapshot_id != expected_head:
+            raise CdcError(
+                f"ConcurrentApply: another run is applying batch {branch.removeprefix(AUDIT_BRANCH_PREFIX)} to {identifier} at the same time "
+                f"(branch {branch!r} moved from this run's snapshot {expected_head} to {ref.snapshot_id}); retry"
+            )
+        head = table.snapshot_by_id(ref.snapshot_id)
+        if head is None:
+            raise CdcError(f"{identifier}: the head {ref.snapshot_id} of branch {branch!r} is not in the table's metadata")
+        main = table.current_snapshot()
+        if main is not None and main.snapshot_id not in {s.snapshot_id for s in ancestors_of(head, table.metadata)}:
+            raise CdcError(f"{identifier}: main moved since branch {branch!r} was created; the batch will be re-applied on the new main")
+        stale = sorted(name for name in table.metadata.refs if name.startswith(AUDIT_BRANCH_PREFIX) and name != branch)
+        update = table.manage_snapshots().set_current_snapshot(snapshot_id=head.snapshot_id).remove_branch(branch)
+        for name in stale:
+            update = update.remove_branch(name)
+        update.commit()
+        if stale:
+            log.info("%s: dropped audit branches of earlier failed attempts %s", identifier, stale)
+        return head.snapshot_id
 
-
-def _append(catalog, identifier: str, data, attempts: int = 5) -> None:
-    """Append, on a freshly loaded table each try: a commit that lost the race
-    (e.g. to the maintenance's compaction of the audit tables) was not made."""
-    import time
-
-    from pyiceberg.exceptions import CommitFailedException
-
-    for attempt in range(1, attempts + 1):
+    def drop_branches(self, namespace: str, branch: str) -> list[str]:
+        """Drop ``branch`` from every table of ``namespace`` that has it; returns those tables."""
         try:
-            catalog.load_table(identifier).append(data)
-            return
-        except CommitFailedException:
-            if attempt == attempts:
-                raise
-            time.sleep(0.2 * attempt)
+            idents = [".".join(t) for t in self.catalog.list_tables(namespace)]
+        except Exception:  # no such namespace: nothing written yet
+            return []
+        dropped = []
+        for ident in idents:
+            table = self.catalog.load_table(ident)
+            if branch in table.metadata.refs:
+                table.manage_snapshots().remove_branch(branch).commit()
+                dropped.append(ident)
+        return dropped
 
 
-def fast_forward(catalog, identifier: str, branch: str, expected_head: int | None = None) -> int:
-    """Move main to the head of ``branch`` if main is its ancestor, drop the
-    branch and the audit branches earlier failed attempts left behind (this
-    batch re-applied their files); one atomic catalog commit.  Returns main's
-    new snapshot id."""
-    import logging
-
-    from pyiceberg.table.snapshots import ancestors_of
-
-    from .errors import CdcError
-
-    table = catalog.load_table(identifier)
-    ref = table.metadata.refs.get(branch)
-    if ref is None:
-        done = published_snapshot(catalog, identifier, branch.removeprefix(AUDIT_BRANCH_PREFIX))
-        if done is not None:  # an earlier attempt fast-forwarded and died before saving its result
-            logging.getLogger(__name__).warning("%s: batch of branch %r is already on main (snapshot %s): published by an earlier attempt", identifier, branch, done)
-            return done
-        raise CdcError(f"{identifier}: audit branch {branch!r} does not exist (already published, or never written)")
-    if expected_head is not None and ref.snapshot_id != expected_head:
-        raise CdcError(
-            f"ConcurrentApply: another run is applying batch {branch.removeprefix(AUDIT_BRANCH_PREFIX)} to {identifier} at the same time "
-            f"(branch {branch!r} moved from this run's snapshot {expected_head} to {ref.snapshot_id}); retry"
-        )
-    head = table.snapshot_by_id(ref.snapshot_id)
-    main = table.current_snapshot()
-    if main is not None and main.snapshot_id not in {s.snapshot_id for s in ancestors_of(head, table.metadata)}:
-        raise CdcError(f"{identifier}: main moved since branch {branch!r} was created; the batch will be re-applied on the new main")
-    stale = sorted(name for name in table.metadata.refs if name.startswith(AUDIT_BRANCH_PREFIX) and name != branch)
-    update = table.manage_snapshots().set_current_snapshot(snapshot_id=head.snapshot_id).remove_branch(branch)
-    for name in stale:
-        update = update.remove_branch(name)
-    update.commit()
-    if stale:
-        logging.getLogger(__name__).info("%s: dropped audit branches of earlier failed attempts %s", identifier, stale)
-    return head.snapshot_id
-
-
-def drop_branches(settings: Settings, namespace: str, branch: str, catalog=None) -> list[str]:
-    """Drop ``branch`` from every table of ``namespace`` that has it; returns those tables."""
-    catalog = catalog or load_catalog(settings)
-    try:
-        idents = [".".join(t) for t in catalog.list_tables(namespace)]
-    except Exception:  # no such namespace: nothing written yet
-        return []
-    dropped = []
-    for ident in idents:
-        table = catalog.load_table(ident)
-        if branch in table.metadata.refs:
-            table.manage_snapshots().remove_branch(branch).commit()
-            dropped.append(ident)
-    return dropped
+def _table_row(result: BatchResult, t: Any, started: dt.datetime, now: dt.datetime) -> dict[str, Any]:
+    """The ledger row of one table's attempt."""
+    return {
+        "batch_id": result.batch_id, "source": result.source, "table_name": t.table,
+        "status": Status.FORCED if (t.override and t.status == Status.PUBLISHED) else t.status,
+        "files": result.files, "position_min": t.position_min, "position_max": t.position_max,
+        "counts": list((t.counts or {}).items()), "failed_expectations": t.failed_expectations,
+        "branch": t.branch, "snapshot_id": t.snapshot_id, "message": t.override or t.message, "data_docs": t.data_docs,
+        "decoder_state": None, "started_at": started, "ended_at": now,
+    }

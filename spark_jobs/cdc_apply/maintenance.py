@@ -26,50 +26,14 @@ its row).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
-import os
-import socket
-from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from .config import Settings, SourceConfig
-from .errors import ConfigError
-from .merge import MAINTENANCE_BRANCH
+from cdc_apply.apply.maintenance_lock import MAINTENANCE_BRANCH, release_lock, take_lock
+from cdc_apply.config import Retention, Settings, SourceConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Retention:
-    snapshot_days: float = 7.0
-    tombstone_days: float = 7.0
-    orphan_days: float = 3.0  # never below the longest write: files of running writes look orphaned
-    retain_last: int = 20
-
-    @classmethod
-    def from_env(cls, snapshot_days: float | None = None, tombstone_days: float | None = None) -> "Retention":
-        """Explicit values first, then ``CDC_SNAPSHOT_RETENTION_DAYS`` /
-        ``CDC_TOMBSTONE_RETENTION_DAYS``, then the defaults (7 days each)."""
-
-        def pick(value: float | None, env: str, default: float) -> float:
-            if value is not None:
-                days = float(value)
-            else:
-                text = os.environ.get(env, "").strip()
-                try:
-                    days = float(text) if text else default
-                except ValueError:
-                    raise ConfigError(f"{env}={text!r} is not a number of days") from None
-            if days < 0:
-                raise ConfigError(f"{env} must be >= 0 days, got {days}")
-            return days
-
-        return cls(
-            snapshot_days=pick(snapshot_days, "CDC_SNAPSHOT_RETENTION_DAYS", cls.snapshot_days),
-            tombstone_days=pick(tombstone_days, "CDC_TOMBSTONE_RETENTION_DAYS", cls.tombstone_days),
-        )
 
 
 def _ts(days: float) -> str:
@@ -81,101 +45,11 @@ def open_branches(spark: SparkSession, identifier: str) -> list[str]:
     return [r[0] for r in spark.sql(f"SELECT name FROM {identifier}.refs WHERE type = 'BRANCH' AND name <> 'main'").collect()]
 
 
-LOCK_PREFIX = "cdc.maintenance-lock."
-"""The maintenance branch's owners: one table property per process that takes
-it, ``cdc.maintenance-lock.<host>:<pid>`` = ``{"started_at", "expires_at"}``,
-set *before* the branch is created (so a branch always has its holder's) and
-removed with the branch.  A branch whose owners are all dead (same host, pid
-gone) or expired — or that has none (made before owners were recorded) — is a
-lock left by a killed maintenance: the next apply or maintenance recovers it."""
-LOCK_HOURS = 6.0
-
-
-def _sql_string(text: str) -> str:
-    from .tables import sql_string
-
-    return sql_string(text)
-
-
-def lock_key(host: str | None = None, pid: int | None = None) -> str:
-    return f"{LOCK_PREFIX}{host or socket.gethostname()}:{pid or os.getpid()}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def stale_lock_reason(props: dict[str, str], now: dt.datetime | None = None) -> str | None:
-    """Why the maintenance branch's lock is stale (None: an owner is alive).
-    ``props``: the table's properties."""
-    now = now or dt.datetime.now(dt.timezone.utc)
-    owners = {k[len(LOCK_PREFIX):]: v for k, v in props.items() if k.startswith(LOCK_PREFIX)}
-    if not owners:
-        return "no owner recorded (a lock from before owners were recorded)"
-    gone = []
-    for owner, value in owners.items():
-        host, _, pid = owner.rpartition(":")
-        try:
-            expires = dt.datetime.fromisoformat(json.loads(value)["expires_at"])
-        except (ValueError, KeyError, TypeError):
-            expires = now
-        if expires <= now:
-            gone.append(f"{owner} expired at {expires.isoformat()}")
-        elif host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)):
-            gone.append(f"{owner} is dead (no process {pid} on this host)")
-        else:
-            return None
-    return "; ".join(gone)
-
-
-def recover_stale_lock(spark: SparkSession, identifier: str) -> str | None:
-    """Drop the maintenance branch when its lock is stale (logged as an
-    error: a maintenance was killed); returns why, None when it is held."""
-    from .tables import table_properties
-
-    props = {k: v for k, v in table_properties(spark, identifier).items() if k != lock_key()}  # not our own, being taken
-    reason = stale_lock_reason(props)
-    if reason is None:
-        return None
-    log.error("%s: recovering the lock of a killed table maintenance (branch %r): %s", identifier, MAINTENANCE_BRANCH, reason)
-    spark.sql(f"ALTER TABLE {identifier} DROP BRANCH IF EXISTS {MAINTENANCE_BRANCH}")
-    stale = [k for k in props if k.startswith(LOCK_PREFIX)]
-    if stale:
-        spark.sql(f"ALTER TABLE {identifier} UNSET TBLPROPERTIES IF EXISTS ({', '.join(_sql_string(k) for k in stale)})")
-    return reason
-
-
-def _take_lock(spark: SparkSession, identifier: str) -> str | None:
-    """Create the maintenance branch with this process as its owner; the
-    reason it is held by another (live) one otherwise."""
-    now = dt.datetime.now(dt.timezone.utc)
-    owner = json.dumps({"started_at": now.isoformat(), "expires_at": (now + dt.timedelta(hours=LOCK_HOURS)).isoformat()})
-    key = lock_key()
-    spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({_sql_string(key)}={_sql_string(owner)})")
-    for attempt in (1, 2):
-        try:
-            spark.sql(f"ALTER TABLE {identifier} CREATE BRANCH {MAINTENANCE_BRANCH}")
-            return None
-        except Exception as exc:  # the branch exists: another maintenance holds the table, or a killed one did
-            if attempt == 1 and recover_stale_lock(spark, identifier) is not None:
-                spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({_sql_string(key)}={_sql_string(owner)})")
-                continue
-            spark.sql(f"ALTER TABLE {identifier} UNSET TBLPROPERTIES IF EXISTS ({_sql_string(key)})")
-            return f"maintenance branch {MAINTENANCE_BRANCH!r} exists (another maintenance runs): {str(exc)[:200]}"
-    return None  # pragma: no cover
-
-
 def maintain_table(spark: SparkSession, settings: Settings, identifier: str, retention: Retention = Retention()) -> dict:
-    """Maintain one table under the maintenance branch (see merge.MAINTENANCE_BRANCH):
+    """Maintain one table under the maintenance branch (see maintenance_lock.MAINTENANCE_BRANCH):
     never while a batch has an audit branch open, and no batch starts meanwhile."""
     report: dict = {"table": identifier}
-    held = _take_lock(spark, identifier)
+    held = take_lock(spark, identifier)
     if held is not None:
         report["skipped"] = held
         return report
@@ -187,8 +61,7 @@ def maintain_table(spark: SparkSession, settings: Settings, identifier: str, ret
         report.update(_procedures(spark, identifier, retention))
         return report
     finally:
-        spark.sql(f"ALTER TABLE {identifier} DROP BRANCH IF EXISTS {MAINTENANCE_BRANCH}")
-        spark.sql(f"ALTER TABLE {identifier} UNSET TBLPROPERTIES IF EXISTS ({_sql_string(lock_key())})")
+        release_lock(spark, identifier)
 
 
 def _call(spark: SparkSession, identifier: str, procedure: str, args: str = "") -> list:
@@ -224,7 +97,7 @@ def maintain_audit(spark: SparkSession, settings: Settings, retention: Retention
     old snapshots.  Safe beside running batches: they only append, and a
     rewrite commits over concurrent appends (the ledger's append retries if
     it loses the race)."""
-    from .ledger import BATCHES_TABLE, QUARANTINE_TABLE
+    from cdc_apply.ledger import BATCHES_TABLE, QUARANTINE_TABLE
 
     reports = []
     for name in (BATCHES_TABLE, QUARANTINE_TABLE):

@@ -197,7 +197,10 @@ def canonical_value(spark_type: str, value: Any) -> str | None:
     * timestamp_ntz: naive datetime or ISO text without zone;
     * binary: bytes -> base64 text (text input must already be base64);
     * string: any str; dict/list values are serialised as compact JSON.
-    """
+    
+
+    Long because it is one table of per-type rules, read top to bottom,
+    each type's accepted inputs next to its refusals."""
     if value is None:
         return None
     try:
@@ -328,3 +331,33 @@ def pad_decimal(n: int, width: int = 20) -> str:
     if len(text) > width:
         raise DecodeError(f"position component {n} wider than {width} digits")
     return text.zfill(width)
+
+
+# -- Debezium / Kafka Connect semantic types (decoders read them; a table's
+# ``columns:`` declaration may name them) --
+
+TIME_UNITS = {  # logical name -> units per second
+    "io.debezium.time.Time": 1_000,
+    "org.apache.kafka.connect.data.Time": 1_000,
+    "io.debezium.time.MicroTime": 1_000_000,
+    "io.debezium.time.NanoTime": 1_000_000_000,
+}
+TIMESTAMP_UNITS = {
+    "io.debezium.time.Timestamp": 1_000,
+    "org.apache.kafka.connect.data.Timestamp": 1_000,
+    "io.debezium.time.MicroTimestamp": 1_000_000,
+    "io.debezium.time.NanoTimestamp": 1_000_000_000,
+}
+DATE_NAMES = {"io.debezium.time.Date", "org.apache.kafka.connect.data.Date"}
+_SEMANTIC_TYPES = {  # Debezium / Connect semantic name -> (Spark type, kind, units)
+    **{n: ("timestamp_ntz", "timestamp", u) for n, u in TIMESTAMP_UNITS.items()},
+    **{n: ("string", "time", u) for n, u in TIME_UNITS.items()},
+    **{n: ("date", "date", 1) for n in DATE_NAMES},
+    "io.debezium.time.ZonedTimestamp": ("timestamp", "zoned", 1),
+    "io.debezium.data.VariableScaleDecimal": ("string", "vsdecimal", 1),
+}
+SEMANTIC_TYPES = {**_SEMANTIC_TYPES, **{n.rsplit(".", 1)[1]: t for n, t in _SEMANTIC_TYPES.items() if n.startswith("io.debezium")}}
+"""Semantic type names a ``columns:`` declaration may use (full or short,
+e.g. ``io.debezium.time.MicroTimestamp`` or ``MicroTimestamp``): they say how
+the value is written, which the Spark type alone does not (an epoch number's
+unit, a time of day)."""

@@ -13,15 +13,15 @@ carried in the result so that every stage sees it and the ledger records it.
 
 from __future__ import annotations
 
-import getpass
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from cdc_apply.config import operator_name
+from cdc_apply.errors import CdcError, ConfigError
+from cdc_apply.status import Status
 
 OVERRIDE_ACTIONS = ("force", "skip")
 
@@ -48,20 +48,10 @@ class Override:
             raise ConfigError(f"override {action!r} is not one of none, {', '.join(OVERRIDE_ACTIONS)}")
         if not (reason or "").strip():
             raise ConfigError(f"override {action!r} needs a reason (--override-reason / the override_reason param): it goes to the ledger")
-        return cls(action=action, reason=reason.strip(), operator=(operator or _operator()).strip())
+        return cls(action=action, reason=(reason or "").strip(), operator=(operator or operator_name()).strip())
 
     def describe(self) -> str:
         return f"{self.action.upper()} by {self.operator}: {self.reason}"
-
-
-def _operator() -> str:
-    for var in ("CDC_OPERATOR", "AIRFLOW_CTX_DAG_OWNER"):
-        if os.environ.get(var):
-            return os.environ[var]
-    try:
-        return getpass.getuser()
-    except Exception:  # no user database entry (containers)
-        return "unknown"
 
 
 @dataclass
@@ -81,6 +71,13 @@ class TableResult:
     key_columns: list[str] = field(default_factory=list)
     override: str | None = None  # set when an operator forced this table past failed checks
     branch_snapshot: int | None = None  # the audit branch head this attempt wrote: validated and published only if still the head
+
+    @property
+    def audit_branch(self) -> str:
+        """The audit branch of a written table (every stage after ``write``)."""
+        if self.branch is None:
+            raise CdcError(f"{self.table}: status {self.status} but no audit branch in the result (a result file from another version?)")
+        return self.branch
 
 
 @dataclass
@@ -102,10 +99,21 @@ class BatchResult:
 
     @property
     def terminal(self) -> bool:
-        return all(t.terminal for t in self.tables if t.status == "failed")
+        return all(t.terminal for t in self.tables if t.status == Status.FAILED)
 
     def get_override(self) -> Override | None:
         return Override(**self.override) if self.override else None
+
+    @property
+    def id(self) -> str:
+        """The batch id of a result with files (only nothing-to-do has none)."""
+        if self.batch_id is None:
+            raise CdcError(f"a {self.status} result of source {self.source} has no batch id")
+        return self.batch_id
+
+    def describe_override(self) -> str:
+        override = self.get_override()
+        return override.describe() if override else "no override"
 
     def table(self, name: str) -> TableResult:
         for t in self.tables:
@@ -129,9 +137,9 @@ class BatchResult:
         return any(t.status == status for t in self.tables)
 
     def fail_if_any(self) -> None:
-        failed = [t for t in self.tables if t.status == "failed"]
+        failed = [t for t in self.tables if t.status == Status.FAILED]
         if failed:
-            self.status = "failed"
+            self.status = Status.FAILED
             self.message = "; ".join(f"{t.table}: {t.message}" for t in failed)
 
 

@@ -47,7 +47,7 @@ class Recorder:
 
 def test_job_lines_are_logged_at_their_own_level():
     rec = Recorder()
-    log = LevelByLine(rec)
+    log = LevelByLine(rec, verbose=False)
     for line in [
         "2026-11-25 03:00:00,123 INFO cdc_apply: batch b1: 12 messages",
         "2026-11-25 03:00:01,000 WARNING cdc_apply: batch b1: operator override FORCE by ann: refunds",

@@ -162,8 +162,8 @@ def test_a_configuration_error_fails_once_in_discover_and_nothing_else_fails(ui,
 
 
 def test_a_forced_run_is_marked_and_its_ids_and_logs_are_right(ui, failed_run):
-    from cdc_apply import ledger
     from cdc_apply.config import Settings
+    from cdc_apply.ledger import Ledger
 
     run_id = ui.trigger({"source": "pg_inventory", "override": "force", "override_reason": REASON})
     run = ui.wait(run_id)
@@ -171,7 +171,7 @@ def test_a_forced_run_is_marked_and_its_ids_and_logs_are_right(ui, failed_run):
     note = ui.wait_for(lambda: ui.api("GET", f"/dags/cdc_apply/dagRuns/{quote(run_id, safe='')}")["note"], what="the run note")
     assert re.fullmatch(rf"applied \d+ change\(s\) to 1 table\(s\) - forced publish: {re.escape(REASON)}", note), note
 
-    snapshot = ledger.load_catalog(Settings.from_env()).load_table("pg_inventory.customers").current_snapshot().snapshot_id
+    snapshot = Ledger(Settings.from_env()).catalog.load_table("pg_inventory.customers").current_snapshot().snapshot_id
     assert snapshot > 2**53  # an id the browser's JSON would round
     events_ = ui.api("GET", "/assets/events?limit=10")["asset_events"]
     extra = [e for e in events_ if e["uri"] == "iceberg://lake/pg_inventory/customers"][-1]["extra"]

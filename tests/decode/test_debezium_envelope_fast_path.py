@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from cdc_apply.decode import debezium_common as dc
 

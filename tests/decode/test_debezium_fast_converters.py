@@ -8,7 +8,8 @@ import base64
 import datetime as dt
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cdc_apply.decode import debezium_common as dc
 from cdc_apply.decode.debezium_common import PLACEHOLDER, PLACEHOLDER_B64

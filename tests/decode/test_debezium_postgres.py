@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc_apply.decode import debezium_common as dc
 from cdc_apply.decode import decoder_class
 from cdc_apply.decode.base import DecodeContext, Decoder, decode_all
-from cdc_apply.decode import debezium_common as dc
 from cdc_apply.decode.debezium_common import PLACEHOLDER, PLACEHOLDER_B64
 from cdc_apply.decode.debezium_postgres import DebeziumPostgresDecoder, parse_sequence
 from cdc_apply.model import ChangeEvent, DecodeError, Op, Quarantined, RawMessage, Skipped

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("CDC_JARS_DIR", str(root / ".cdc" / "jars"))
     os.environ.setdefault("CDC_SPARK_MASTER", "local[2]")
     from cdc_apply.config import Settings
-    from cdc_apply.spark_session import get_spark
+    from cdc_apply.runtime.session import get_spark
     from tests.realsource.conformance import apply_in_order, apply_late_hour, capture_seed, mismatch_classes, report
 
     settings = Settings.from_env()

@@ -5,7 +5,7 @@ table, row for row, with the source state PostgreSQL had.
 out of the test process).  ``apply_in_order`` delivers hour after hour and
 compares after each hour; ``apply_late_hour`` holds one hour folder back
 until every later hour was applied (a late or re-delivered file) and compares
-at the end.  Both go through ``job.pending_files`` + ``job.run_batch`` with
+at the end.  Both go through ``batch.pending_files`` + ``batch.run_batch`` with
 a source of their own (``include/sources.yaml`` format).
 """
 
@@ -147,8 +147,8 @@ def apply_pending(spark: Any, settings: Any, name: str, until: dt.datetime, res:
     """One hourly run: every pending file whose hour is before ``until``.  Checks
     that every line is accounted for; ``null`` tombstone lines that are
     quarantined are counted apart (``res.tombstones_quarantined``, a known defect)."""
+    from cdc_apply.batch import pending_files, run_batch
     from cdc_apply.config import get_source
-    from cdc_apply.job import pending_files, run_batch
 
     files = pending_files(settings, get_source(settings, name), until=until)
     if not files:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib
 
-from ..model import Format
-from .base import DecodeContext, Decoder, decode_all
+from cdc_apply.decode.base import DecodeContext, Decoder, decode_all
+from cdc_apply.model import Format
 
 _MODULES = {
     Format.DEBEZIUM_SQLSERVER: ("debezium_sqlserver", "DebeziumSqlServerDecoder"),

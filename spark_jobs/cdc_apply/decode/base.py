@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Iterable, Iterator
 
 import orjson
 
-from ..model import DecodeError, Format, Outcome, Quarantined, RawMessage
+from cdc_apply.model import DecodeError, Format, Outcome, Quarantined, RawMessage
 
 
 @dataclass

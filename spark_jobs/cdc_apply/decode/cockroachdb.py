@@ -97,7 +97,14 @@ from typing import Any
 
 import orjson
 
-from ..model import (
+from cdc_apply.decode.base import Decoder, has_float
+from cdc_apply.decode.debezium_common import (
+    as_int,
+    canonical,
+    check_identifier,
+    json_text,
+)
+from cdc_apply.model import (
     CONFIG_REFUSED_PREFIX,
     ChangeEvent,
     Column,
@@ -112,8 +119,6 @@ from ..model import (
     decimal_type,
     pad_decimal,
 )
-from .base import Decoder, has_float
-from .debezium_common import as_int, canonical, check_identifier, json_text
 
 KEY_ONLY_REASON = (
     "a key without a value: envelope=key_only carries no row image and cannot be applied (recreate the changefeed "
@@ -302,7 +307,7 @@ def convert(spec: FieldSpec | None, value: Any) -> str | None:
     if value is None:
         return None
     if spec is None:
-        typ = infer_type(value)
+        typ = infer_type(value) or "string"
         if typ == "string" and isinstance(value, decimal.Decimal):
             return format(value, "f")
         if typ == "string" and isinstance(value, int):
@@ -649,6 +654,9 @@ class CockroachDbDecoder(Decoder):
 
     # -- the event -------------------------------------------------------------
     def _event(self, parts: Parts, msg: RawMessage, hints: Hints) -> ChangeEvent:
+        """One change from an envelope's parts.  Long because it reads the
+        envelope's fields in the spec's order, one check each, and gathers every
+        problem before it refuses the message (one reason naming them all)."""
         problems: list[DecodeError] = []
         table = None
         file_table = cloud_storage_table(msg.file)
@@ -942,7 +950,7 @@ def _sniff_obj(obj: Any, depth: int) -> bool:
         except orjson.JSONDecodeError:
             return False
         return inner is None and "table" in obj or _sniff_obj(inner, depth + 1)
-    payload = obj.get("payload") if isinstance(obj.get("payload"), dict) else obj
+    payload = obj["payload"] if isinstance(obj.get("payload"), dict) else obj
     source = payload.get("source")
     if isinstance(source, dict) and source.get("origin") == "cockroachdb":
         return True

@@ -47,18 +47,24 @@ the row dict, i.e. *not present*, and the stored value is kept.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import decimal
 import functools
 import json
 import re
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import orjson
 
-from ..model import (
+from cdc_apply.decode.base import Decoder, check_identifier, has_float
+from cdc_apply.model import (
+    DATE_NAMES,
+    INT_RANGES,
+    SEMANTIC_TYPES,
+    TIME_UNITS,
+    TIMESTAMP_UNITS,
     ChangeEvent,
     Column,
     DecodeError,
@@ -66,12 +72,10 @@ from ..model import (
     Outcome,
     RawMessage,
     Skipped,
-    INT_RANGES,
     canonical_value,
     decimal_type,
     timestamp_text,
 )
-from .base import Decoder, check_identifier, has_float
 
 PLACEHOLDER = "__debezium_unavailable_value"
 PLACEHOLDER_B64 = base64.b64encode(PLACEHOLDER.encode()).decode("ascii")  # 'X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=='
@@ -163,19 +167,6 @@ _LITERAL_TYPES = {
     "bytes": "binary",
 }
 _DECIMAL_NAMES = {"org.apache.kafka.connect.data.Decimal", "io.debezium.data.Decimal"}
-_TIME_UNITS = {  # logical name -> units per second
-    "io.debezium.time.Time": 1_000,
-    "org.apache.kafka.connect.data.Time": 1_000,
-    "io.debezium.time.MicroTime": 1_000_000,
-    "io.debezium.time.NanoTime": 1_000_000_000,
-}
-_TIMESTAMP_UNITS = {
-    "io.debezium.time.Timestamp": 1_000,
-    "org.apache.kafka.connect.data.Timestamp": 1_000,
-    "io.debezium.time.MicroTimestamp": 1_000_000,
-    "io.debezium.time.NanoTimestamp": 1_000_000_000,
-}
-_DATE_NAMES = {"io.debezium.time.Date", "org.apache.kafka.connect.data.Date"}
 # Semantic types that are text in JSON and stay text: no note needed.
 _TEXT_NAMES = {
     "io.debezium.data.Json",
@@ -247,12 +238,12 @@ def field_spec(entry: dict[str, Any]) -> FieldSpec:
             col, "string", nullable, "vsdecimal", literal,
             note=f"{col}: VariableScaleDecimal carried as exact decimal text (type string)",
         )
-    if logical in _DATE_NAMES:
+    if logical in DATE_NAMES:
         return FieldSpec(col, "date", nullable, "date", literal)
-    if logical in _TIME_UNITS:
-        return FieldSpec(col, "string", nullable, "time", literal, units=_TIME_UNITS[logical])
-    if logical in _TIMESTAMP_UNITS:
-        return FieldSpec(col, "timestamp_ntz", nullable, "timestamp", literal, units=_TIMESTAMP_UNITS[logical])
+    if logical in TIME_UNITS:
+        return FieldSpec(col, "string", nullable, "time", literal, units=TIME_UNITS[logical])
+    if logical in TIMESTAMP_UNITS:
+        return FieldSpec(col, "timestamp_ntz", nullable, "timestamp", literal, units=TIMESTAMP_UNITS[logical])
     if logical == "io.debezium.time.ZonedTimestamp":
         return FieldSpec(col, "timestamp", nullable, "zoned", literal)
     if logical in _TEXT_NAMES:
@@ -309,18 +300,6 @@ UNTYPED_NOTE = "no schema: values typed from JSON, columns unknown"
 """The note on an event decoded without any known column types: the job
 refuses to create a table from such events (tables' own check)."""
 DECLARED_NOTE = "no schema: values typed by the table's stored or declared column types"
-_SEMANTIC_TYPES = {  # Debezium / Connect semantic name -> (Spark type, kind, units)
-    **{n: ("timestamp_ntz", "timestamp", u) for n, u in _TIMESTAMP_UNITS.items()},
-    **{n: ("string", "time", u) for n, u in _TIME_UNITS.items()},
-    **{n: ("date", "date", 1) for n in _DATE_NAMES},
-    "io.debezium.time.ZonedTimestamp": ("timestamp", "zoned", 1),
-    "io.debezium.data.VariableScaleDecimal": ("string", "vsdecimal", 1),
-}
-SEMANTIC_TYPES = {**_SEMANTIC_TYPES, **{n.rsplit(".", 1)[1]: t for n, t in _SEMANTIC_TYPES.items() if n.startswith("io.debezium")}}
-"""Semantic type names a ``columns:`` declaration may use (full or short,
-e.g. ``io.debezium.time.MicroTimestamp`` or ``MicroTimestamp``): they say how
-the value is written, which the Spark type alone does not (an epoch number's
-unit, a time of day)."""
 
 
 def declared_spec(col: str, type_name: str) -> FieldSpec:
@@ -332,7 +311,7 @@ def declared_spec(col: str, type_name: str) -> FieldSpec:
     if type_name in SEMANTIC_TYPES:
         spark_type, kind, units = SEMANTIC_TYPES[type_name]
         return FieldSpec(col, spark_type, True, kind, "", units=units)
-    from ..model import is_supported_type
+    from cdc_apply.model import is_supported_type
 
     if not is_supported_type(type_name):
         raise DecodeError(f"column {col}: unsupported declared type {type_name!r}")
@@ -557,7 +536,10 @@ def fast_converter(spec: FieldSpec) -> Callable[[Any], Any]:
     kind: a decode spends most of its time here.  Anything else — None,
     placeholders, values that need a note, any error — returns ``SLOW`` so
     ``convert_value`` decides, with its own messages: the result is
-    ``convert_value``'s whenever it is not ``SLOW`` (tests/decode check it)."""
+    ``convert_value``'s whenever it is not ``SLOW`` (tests/decode check it).
+
+    Long because it is the decode's hot loop: one closure per kind, with
+    no call or dispatch per value."""
     t, kind, lit = spec.spark_type, spec.kind, spec.literal
     if kind == "plain" and t == "string":
         def conv(raw: Any) -> Any:
@@ -769,14 +751,14 @@ def parse_record(text: str) -> Record:
             return known
     head = _schema_text(text)
     if head is not None and head[0] in _KNOWN_SCHEMAS:
-        schema = _KNOWN_SCHEMAS[head[0]]
-        _last_known = (text[: head[1] + len(_PAYLOAD_KEY)], schema)
-        known = _payload_only(text, head[1], schema)
+        known_schema = _KNOWN_SCHEMAS[head[0]]
+        _last_known = (text[: head[1] + len(_PAYLOAD_KEY)], known_schema)
+        known = _payload_only(text, head[1], known_schema)
         if known is not None:
             return known
     obj = load_json(text)
     fresh = head is not None and head[0] not in _KNOWN_SCHEMAS and head[0] not in _UNUSABLE_SCHEMAS
-    if fresh and type(obj) is dict and obj.keys() == {"schema", "payload"}:
+    if head is not None and fresh and type(obj) is dict and obj.keys() == {"schema", "payload"}:
         _remember_schema(head[0], obj["schema"])
     if obj is None:  # a Kafka tombstone (null value) archived as the line `null`
         return Record(payload=None, schema=None, tombstone=True)
@@ -857,6 +839,9 @@ class DebeziumDecoder(Decoder):
 
     # -- pipeline ------------------------------------------------------------
     def decode_message(self, msg: RawMessage) -> list[Outcome]:
+        """One Debezium record to its outcomes.  Long because it dispatches on
+        the record's kind (tombstone, transaction marker, schema change, heartbeat,
+        row change) in the order the spec gives them, one short branch each."""
         rec = parse_record(msg.text)
         kind = classify(rec)
         if kind == "tombstone":
@@ -1016,6 +1001,7 @@ class DebeziumDecoder(Decoder):
         if rec.has_key:
             if not isinstance(rec.key_payload, dict) or not rec.key_payload:
                 raise DecodeError(f"Kafka key payload is not a non-empty object: {rec.key_payload!r:.80}")
+            key_specs: dict[str, FieldSpec] | None
             if rec.key_schema is not None:
                 key_specs = {s.name: s for s in struct_fields(rec.key_schema, "key")}
             else:

@@ -43,8 +43,24 @@ from typing import Any
 
 import orjson
 
-from ..model import ChangeEvent, DecodeError, Format, Op, Outcome, RawMessage, Skipped, pad_decimal
-from .debezium_common import DebeziumDecoder, Record, as_int, commit_ts_us, snapshot_change_id, sniff_connector
+from cdc_apply.decode.debezium_common import (
+    DebeziumDecoder,
+    Record,
+    as_int,
+    commit_ts_us,
+    snapshot_change_id,
+    sniff_connector,
+)
+from cdc_apply.model import (
+    ChangeEvent,
+    DecodeError,
+    Format,
+    Op,
+    Outcome,
+    RawMessage,
+    Skipped,
+    pad_decimal,
+)
 
 SNAPSHOT_PHASES = frozenset({"true", "first", "first_in_data_collection", "last_in_data_collection", "last"})
 """``source.snapshot`` values of a blocking (initial) snapshot; 'incremental'

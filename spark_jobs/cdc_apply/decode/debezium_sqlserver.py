@@ -36,8 +36,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..model import DecodeError, Format, pad_decimal
-from .debezium_common import DebeziumDecoder, as_int, snapshot_change_id, sniff_connector
+from cdc_apply.decode.debezium_common import (
+    DebeziumDecoder,
+    as_int,
+    snapshot_change_id,
+    sniff_connector,
+)
+from cdc_apply.model import DecodeError, Format, pad_decimal
 
 _LSN = re.compile(r"^[0-9A-Fa-f]{8}:[0-9A-Fa-f]{8}:[0-9A-Fa-f]{4}$")
 ZERO_LSN = "00000000:00000000:0000"

@@ -86,11 +86,12 @@ import datetime as dt
 import json
 import re
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal, overload
 
 import orjson
 
-from ..model import (
+from cdc_apply.decode.base import DecodeContext, Decoder, check_identifier, has_float
+from cdc_apply.model import (
     ChangeEvent,
     Column,
     DecodeError,
@@ -106,7 +107,6 @@ from ..model import (
     pad_decimal,
     parse_iso_datetime,
 )
-from .base import DecodeContext, Decoder, check_identifier, has_float
 
 MAGIC = "atMSG"
 STATE_KEY = "qlik"
@@ -148,6 +148,10 @@ SIMPLE_TYPES = {
 
 
 
+@overload
+def _int(value: Any, what: str, *, minimum: int = 0, optional: Literal[False] = False) -> int: ...
+@overload
+def _int(value: Any, what: str, *, minimum: int = 0, optional: bool) -> int | None: ...
 def _int(value: Any, what: str, *, minimum: int = 0, optional: bool = False) -> int | None:
     """A JSON integer or a string of decimal digits; bools and fractions refused."""
     if value is None or value == "":
@@ -423,6 +427,9 @@ class QlikDecoder(Decoder):
         return None
 
     def _decode_data(self, msg: RawMessage, body: dict[str, Any]) -> list[Outcome]:
+        """A data message to its changes.  Long because it reads headers, the
+        column mask and the before/after images in the order the Qlik spec
+        defines them, one check each."""
         headers = body.get("headers")
         if not isinstance(headers, dict):
             raise DecodeError("data message headers must be an object")
@@ -462,9 +469,10 @@ class QlikDecoder(Decoder):
         if op is Op.READ:
             sequence = REFRESH_SEQUENCE
         else:
-            sequence = headers.get("changeSequence")
-            if not isinstance(sequence, str) or not _SEQ.match(sequence):
-                raise DecodeError(f"changeSequence {sequence!r} is not a {SEQ_WIDTH}-digit string")
+            given = headers.get("changeSequence")
+            if not isinstance(given, str) or not _SEQ.match(given):
+                raise DecodeError(f"changeSequence {given!r} is not a {SEQ_WIDTH}-digit string")
+            sequence = given
             if counter is None:
                 notes.append("no transactionEventCounter (0 used in the position)")
         base_position = f"{sequence}|{pad_decimal(counter or 0)}"

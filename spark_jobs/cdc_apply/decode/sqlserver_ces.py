@@ -96,11 +96,18 @@ import json
 import re
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal, overload
 
 import orjson
 
-from ..model import (
+from cdc_apply.decode.base import (
+    DecodeContext,
+    Decoder,
+    check_identifier,
+    decode_all,
+    quarantine,
+)
+from cdc_apply.model import (
     ChangeEvent,
     Column,
     DecodeError,
@@ -117,7 +124,6 @@ from ..model import (
     pad_decimal,
     parse_iso_datetime,
 )
-from .base import DecodeContext, Decoder, check_identifier, decode_all, quarantine
 
 OPERATIONS = {"INS": Op.INSERT, "UPD": Op.UPDATE, "DEL": Op.DELETE}
 EVENT_TYPE_PREFIX = "com.microsoft.SQL.CES.DML."
@@ -255,7 +261,7 @@ def _timestamp_text(value: Any, spark: str, column: str, notes: list[str]) -> st
     return stamp.isoformat(sep=" ", timespec="microseconds")
 
 
-def _binary_text(value: Any) -> str:
+def _binary_text(value: Any) -> str | None:
     if not isinstance(value, str):
         raise DecodeError(f"{value!r} is not binary text")
     text = value.strip()
@@ -303,6 +309,10 @@ def _json_object(text: Any, what: str) -> dict[str, Any]:
     return obj
 
 
+@overload
+def _str_attr(env: dict[str, Any], name: str, *, required: Literal[True] = True) -> str: ...
+@overload
+def _str_attr(env: dict[str, Any], name: str, *, required: bool) -> str | None: ...
 def _str_attr(env: dict[str, Any], name: str, *, required: bool = True) -> str | None:
     value = env.get(name)
     if value is None and not required:
@@ -414,7 +424,10 @@ class SqlServerCesDecoder(Decoder):
         return self.decode_event(env, data, msg)
 
     def decode_event(self, env: dict[str, Any], data_text: str, msg: RawMessage) -> list[Outcome]:
-        """Decode one (possibly reassembled) event whose ``data`` is ``data_text``."""
+        """Decode one (possibly reassembled) event whose ``data`` is ``data_text``.
+
+        Long because it checks the CloudEvents attributes in the order the
+        spec lists them, one check each."""
         _str_attr(env, "specversion")
         if not str(env["specversion"]).startswith("1."):
             raise DecodeError(f"unsupported CloudEvents specversion {env['specversion']!r}")
@@ -493,7 +506,7 @@ class SqlServerCesDecoder(Decoder):
         if not isinstance(cols, list) or not cols:
             raise DecodeError("eventsource.cols missing or empty")
         seen_index: set[int] = set()
-        specs: list[tuple[int, str, str, str]] = []
+        specs: list[tuple[int, str, Any, str]] = []  # (index, name, SQL type as given, Spark type)
         for c in cols:
             if not isinstance(c, dict):
                 raise DecodeError(f"eventsource.cols entry is not an object: {c!r}")
@@ -706,7 +719,7 @@ class SqlServerCesDecoder(Decoder):
         if first_seg.style == "split":
             totals = {seg.total for _, _, _, seg in kept}
             if len(totals) != 1:
-                raise DecodeError(f"segments disagree on splittotalcnt: {sorted(totals)}")
+                raise DecodeError(f"segments disagree on splittotalcnt: {sorted(totals, key=str)}")
             n = totals.pop() or 0
             if 0 in indices and n in indices:
                 raise DecodeError(f"segment indices {indices} mix 0-based and 1-based numbering of {n}")

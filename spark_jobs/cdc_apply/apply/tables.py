@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from .compact import quote
-from .config import validate_identifier
-from .errors import ConfigError, SchemaIncompatible
+from cdc_apply.apply.compact import quote
+from cdc_apply.config import validate_identifier
+from cdc_apply.errors import ConfigError, SchemaIncompatible
 
 META_COLUMNS = {
     "_cdc_position": "string",
@@ -132,7 +132,7 @@ class TableSpec:
 def resolve_columns(declared: list[list[tuple[str, str]]], table: str) -> tuple[dict[str, str], list[str]]:
     """Union of the column lists the batch's messages declare, widened."""
     columns: dict[str, str] = {}
-    notes = []
+    notes: list[str] = []
     for cols in declared:
         for name, typ in cols:
             validate_column(name, table)

@@ -21,15 +21,30 @@ import functools
 import gc
 import heapq
 import pickle
-from typing import Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from .archive import Piece, Source, iter_lines, local_path, open_archive, plan_pieces
-from .decode import DecodeContext, Decoder, make_decoder
-from .model import ChangeEvent, Held, Op, Outcome, Quarantined, RawMessage, Skipped
-from .storage import S3Options, is_object_store_uri
+from cdc_apply.archive.lines import (
+    Piece,
+    Source,
+    iter_lines,
+    local_path,
+    open_archive,
+    plan_pieces,
+)
+from cdc_apply.config import S3Options, is_object_store_uri
+from cdc_apply.decode import DecodeContext, Decoder, make_decoder
+from cdc_apply.model import (
+    ChangeEvent,
+    Held,
+    Op,
+    Outcome,
+    Quarantined,
+    RawMessage,
+    Skipped,
+)
 
 # One row per outcome.  ``columns`` (an event's declared columns) is given on
 # the first event of each table's declaration in an Arrow batch and null on
@@ -107,14 +122,14 @@ def outcome_row(o: Outcome, declared: set) -> tuple:
             o.position, o.tx_id, o.commit_ts_us, o.message_id, list(o.notes) if o.notes else None, o.change_id,
         )
     if isinstance(o, Skipped):
-        values = {"status": "skipped", "reason": o.reason, "position": o.position, "notes": [o.detail] if o.detail else None}
+        values: dict[str, Any] = {"status": "skipped", "reason": o.reason, "position": o.position, "notes": [o.detail] if o.detail else None}
     elif isinstance(o, Held):
         values = {"status": "held", "reason": o.reason, "message_id": o.group}
     elif isinstance(o, Quarantined):
         values = {"status": "quarantined", "reason": o.reason, "raw": o.raw[:RAW_LIMIT]}
     else:  # pragma: no cover - a decoder bug
         raise TypeError(f"unknown outcome {o!r}")
-    values.update(file=o.file, line=o.line)
+    values = {**values, "file": o.file, "line": o.line}
     return tuple(values.get(name) for name in ARROW_SCHEMA.names)
 
 
@@ -220,13 +235,14 @@ def parallelism(spark: SparkSession) -> int:
     """Task slots to plan the decode for: the driver's default parallelism.
     A Spark Connect client has no SparkContext to ask, so it counts the
     partitions of ``range`` (which the server splits by that parallelism)."""
-    from .spark_session import is_remote
+    from cdc_apply.runtime.session import is_remote
 
     if not is_remote(spark):
         return spark.sparkContext.defaultParallelism
     from pyspark.sql import functions as F
 
-    return int(spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p")).first()[0]) + 1
+    row = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p")).first()
+    return int(row[0]) + 1 if row is not None else 1
 
 
 def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str, ctx: DecodeContext) -> tuple[DataFrame, dict]:
@@ -244,7 +260,7 @@ def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str
     if _has_driver_pass(decoder):
         blob_ctx = base64.b64encode(pickle.dumps((fmt, ctx, groups, s3))).decode()
 
-        def pick_driver_messages(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        def pick_driver_messages(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             f, c, g, store = pickle.loads(base64.b64decode(blob_ctx))
             dec = make_decoder(f, c)
             for batch in batches:
@@ -262,7 +278,7 @@ def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str
     ctx_after = dataclasses.replace(ctx, state=state)
     blob = base64.b64encode(pickle.dumps((fmt, ctx_after, _has_driver_pass(decoder), groups, s3))).decode()
 
-    def decode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def decode_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         f, c, driver_done, g, store = pickle.loads(base64.b64decode(blob))
         dec = make_decoder(f, c)
         for batch in batches:

@@ -1,66 +1,16 @@
-"""Write one table's net changes onto its audit branch, and publish it.
-
-Write-audit-publish: every write of a batch goes to branch ``audit_<batch>``;
-``main`` moves only by ``fast_forward`` after the gate passed.  The batch's
-ledger properties ride on every commit of the branch through Iceberg's
-session snapshot properties (``spark.sql.iceberg.snapshot-property.*``).
-"""
+"""Write one table's net changes onto its audit branch: the per-column
+MERGE (each column takes the value of the latest event that set it) and the
+truncate watermark.  Branches themselves: ``branches``."""
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .compact import META_POS, NEVER_SET, quote
-from .tables import INT_TYPES, TableSpec
-
-_SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
-# Table maintenance holds this branch while it commits to main: a batch and
-# maintenance each create their branch first and look for the other's second,
-# so (catalog commits being serialised) at least one of them sees the other.
-MAINTENANCE_BRANCH = "cdc_maintenance"
-
-
-@contextlib.contextmanager
-def snapshot_properties(spark: SparkSession, props: dict[str, str]) -> Iterator[None]:
-    for k, v in props.items():
-        spark.conf.set(_SNAPSHOT_PROPERTY + k, v)
-    try:
-        yield
-    finally:
-        for k in props:
-            spark.conf.unset(_SNAPSHOT_PROPERTY + k)
-
-
-def branch_ref(spec: TableSpec, branch: str) -> str:
-    return f"{spec.identifier}.branch_{branch}"
-
-
-def reset_branch(spark: SparkSession, spec: TableSpec, branch: str) -> None:
-    """(Re)create the audit branch at main's current snapshot: a retry starts
-    clean.  Refuses (transient: retried) while table maintenance runs."""
-    from .errors import CdcError
-
-    spark.sql(f"ALTER TABLE {spec.identifier} DROP BRANCH IF EXISTS {branch}")
-    spark.sql(f"ALTER TABLE {spec.identifier} CREATE BRANCH {branch}")
-    if branch_snapshot(spark, spec, MAINTENANCE_BRANCH) is not None:
-        from .maintenance import recover_stale_lock
-
-        if recover_stale_lock(spark, spec.identifier) is not None:  # a killed maintenance left it: logged, dropped
-            return
-        spark.sql(f"ALTER TABLE {spec.identifier} DROP BRANCH IF EXISTS {branch}")
-        raise CdcError(f"{spec.identifier}: table maintenance is running (branch {MAINTENANCE_BRANCH!r}); the batch is retried after it")
-
-
-def branch_snapshot(spark: SparkSession, spec: TableSpec, branch: str) -> int | None:
-    rows = spark.sql(f"SELECT snapshot_id FROM {spec.identifier}.refs WHERE name = '{branch}'").collect()
-    return rows[0][0] if rows else None
-
-
-def read_branch(spark: SparkSession, spec: TableSpec, branch: str) -> DataFrame:
-    return spark.sql(f"SELECT * FROM {spec.identifier} VERSION AS OF '{branch}'")
+from cdc_apply.apply.branches import branch_ref
+from cdc_apply.apply.compact import META_POS, NEVER_SET, quote
+from cdc_apply.apply.tables import INT_TYPES, TableSpec
 
 
 def apply_truncate(spark: SparkSession, spec: TableSpec, branch: str, truncated_at: str) -> None:
@@ -98,7 +48,7 @@ def key_range_condition(spec: TableSpec, key_ranges: dict[str, tuple] | None) ->
     return conds
 
 
-def _literal(value, spark_type: str) -> str | None:
+def _literal(value: Any, spark_type: str) -> str | None:
     if value is None:
         return None
     if spark_type in INT_TYPES:
@@ -177,22 +127,6 @@ def merge_sql(spec: TableSpec, branch: str, view: str, batch_id: str, key_ranges
       VALUES ({', '.join(insert_vals)}, s.{META_POS}, s._cdc_op, s._cdc_action = 'delete', s._cdc_commit_ts, s._cdc_tx_id,
               '{batch}', current_timestamp(), {col_pos_new})
     """
-
-
-def ledger_commit(spark: SparkSession, spec: TableSpec, branch: str) -> None:
-    """An empty append carrying the ledger properties, for a batch whose events
-    were all superseded or duplicates: its files still count as applied."""
-    spark.table(spec.identifier).limit(0).writeTo(branch_ref(spec, branch)).append()
-
-
-def publish(spark: SparkSession, spec: TableSpec, branch: str) -> int:
-    """Fast-forward main to the audit branch, drop the branch; returns main's snapshot id."""
-    ns_table = spec.identifier.split(".", 1)[1]
-    catalog = spec.identifier.split(".", 1)[0]
-    spark.sql(f"CALL {catalog}.system.fast_forward('{ns_table}', 'main', '{branch}')")
-    snap = branch_snapshot(spark, spec, "main")
-    spark.sql(f"ALTER TABLE {spec.identifier} DROP BRANCH IF EXISTS {branch}")
-    return int(snap)
 
 
 def _sql_str(text: str) -> str:

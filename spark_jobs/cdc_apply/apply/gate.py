@@ -23,15 +23,15 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from .compact import META_POS, quote
-from .config import PROJECT_ROOT, Settings
+from cdc_apply.apply.compact import META_POS, quote
+from cdc_apply.config import Settings
 
 log = logging.getLogger(__name__)
-EXPECTATIONS_DIR = PROJECT_ROOT / "include" / "expectations"
 
 
 @dataclass
@@ -42,11 +42,12 @@ class GateResult:
     checks: int = 0
 
 
-def generated_expectations(key_columns: list[str]):
+def generated_expectations(key_columns: list[str]) -> list[Any]:
+    """The expectations every table gets: keys present and unique, CDC columns set."""
     import great_expectations as gx
 
     ex = gx.expectations
-    out = [ex.ExpectColumnValuesToNotBeNull(column=k) for k in key_columns]
+    out: list[Any] = [ex.ExpectColumnValuesToNotBeNull(column=k) for k in key_columns]
     if len(key_columns) == 1:
         out.append(ex.ExpectColumnValuesToBeUnique(column=key_columns[0]))
     else:
@@ -57,15 +58,14 @@ def generated_expectations(key_columns: list[str]):
     return out
 
 
-def user_suite_path(identifier: str) -> Path:
+def user_suite_path(settings: Settings, identifier: str) -> Path:
     """``<CDC_EXPECTATIONS_DIR or include/expectations>/<namespace>.<table>.json``."""
-    import os
 
     ns_table = identifier.split(".", 1)[1]
-    return Path(os.environ.get("CDC_EXPECTATIONS_DIR") or str(EXPECTATIONS_DIR)) / f"{ns_table}.json"
+    return settings.expectations_dir / f"{ns_table}.json"
 
 
-def _expectation_name(result) -> str:
+def _expectation_name(result: Any) -> str:
     cfg = result.expectation_config
     kwargs = {k: v for k, v in cfg.kwargs.items() if k in ("column", "column_list", "value_set", "min_value", "max_value", "regex")}
     return f"{cfg.type}({json.dumps(kwargs, default=str, sort_keys=True)})"
@@ -78,7 +78,11 @@ _POPULATION_MAP_EXPECTATIONS = {"expect_column_values_to_be_unique", "expect_com
 def is_row_wise(expectation_type: str) -> bool:
     """Whether an expectation judges each row on its own (so checking only the
     rows a batch wrote is enough)."""
-    from great_expectations.expectations.expectation import ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation
+    from great_expectations.expectations.expectation import (
+        ColumnMapExpectation,
+        ColumnPairMapExpectation,
+        MulticolumnMapExpectation,
+    )
     from great_expectations.expectations.registry import get_expectation_impl
 
     if expectation_type in _POPULATION_MAP_EXPECTATIONS:
@@ -92,14 +96,16 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
     row-wise expectations on the rows this batch wrote, the user suite's
     table-wide expectations on the whole branch."""
     import great_expectations as gx
-    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+    from great_expectations.expectations.expectation_configuration import (
+        ExpectationConfiguration,
+    )
 
     table = identifier.split(".")[-1]
     root = settings.home / "data_docs" / batch_id / identifier.replace(".", "_")
     root.mkdir(parents=True, exist_ok=True)
     ctx = gx.get_context(mode="file", project_root_dir=str(root))
     try:
-        ctx.variables.progress_bars = gx.data_context.types.base.ProgressBarsConfig(globally=False)
+        ctx.variables.progress_bars = gx.data_context.types.base.ProgressBarsConfig(globally=False)  # type: ignore[attr-defined]
         ctx.variables.save()
     except Exception:  # progress bars are cosmetic
         pass
@@ -108,7 +114,7 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
     table_suite = gx.ExpectationSuite(name=f"{table}_whole_table")
     for e in generated_expectations(key_columns):
         rows_suite.add_expectation(e)
-    user = user_suite_path(identifier)
+    user = user_suite_path(settings, identifier)
     if user.exists():
         spec = json.loads(user.read_text())
         for e in spec.get("expectations", []):
@@ -126,7 +132,7 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
             gx.Checkpoint(name=f"{suite.name}_gate", validation_definitions=[vd], actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")])
         )
         run = checkpoint.run(batch_parameters={"dataframe": df})
-        success = success and run.success
+        success = success and bool(run.success)
         for vr in run.run_results.values():
             for r in vr.results:
                 checks += 1
@@ -139,7 +145,7 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
 BROADCAST_KEYS_MAX = 2_000_000
 
 
-def _rows(cond):
+def _rows(cond: Column) -> Column:
     """How many rows meet ``cond`` (0, not NULL, for none)."""
     return F.coalesce(F.sum(F.when(cond, 1).otherwise(0)), F.lit(0))
 

@@ -7,33 +7,9 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from .config import Settings
-
-
-def iceberg_conf(settings: Settings) -> dict[str, str]:
-    """Spark conf for the Iceberg catalog: shared by local sessions and spark-submit."""
-    cat = f"spark.sql.catalog.{settings.catalog_name}"
-    conf = {
-        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
-        cat: "org.apache.iceberg.spark.SparkCatalog",
-        f"{cat}.warehouse": settings.warehouse,
-        # no table cache: pyiceberg (publish, ledger) commits to the same tables
-        f"{cat}.cache-enabled": "false",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
-    }
-    if settings.catalog_type == "jdbc":
-        conf[f"{cat}.type"] = "jdbc"
-        conf[f"{cat}.uri"] = settings.catalog_uri
-        conf[f"{cat}.jdbc.schema-version"] = "V1"
-    else:
-        conf[f"{cat}.type"] = "rest"
-        conf[f"{cat}.uri"] = settings.catalog_uri
-    from .storage import object_store_conf
-
-    conf.update(object_store_conf(settings))
-    conf.update(settings.extra_spark_conf)
-    return conf
+from cdc_apply.config import Settings
+from cdc_apply.runtime.code_zip import build_code_zip
+from cdc_apply.runtime.spark_conf import iceberg_conf, jar_paths, session_defaults
 
 
 def get_spark(settings: Settings, app_name: str = "cdc-apply") -> SparkSession:
@@ -55,15 +31,8 @@ def get_spark(settings: Settings, app_name: str = "cdc-apply") -> SparkSession:
         # Not under spark-submit: we own master and jars. Under spark-submit the
         # submitter (Airflow's connection, --jars, --conf) decides them.
         builder = builder.master(settings.spark_master)
-        builder = builder.config("spark.jars", ",".join(str(p) for p in settings.jar_paths()))
-    defaults = {
-        "spark.sql.shuffle.partitions": "8",
-        "spark.default.parallelism": "4",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.adaptive.enabled": "true",
-        "spark.driver.memory": "2g",
-    }
-    for key, value in {**defaults, **iceberg_conf(settings)}.items():
+        builder = builder.config("spark.jars", ",".join(str(p) for p in jar_paths(settings)))
+    for key, value in {**session_defaults(settings), **iceberg_conf(settings)}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -77,12 +46,13 @@ def remote_session(settings: Settings) -> SparkSession:
     The server owns the catalog conf (``cdc connect-server`` starts it from
     the same settings); a server wired to another catalog or warehouse than
     this job's pyiceberg side is refused before anything is written."""
-    from .errors import ConfigError, SparkUnavailable
-    from .submit import build_code_zip
+    from cdc_apply.errors import ConfigError, SparkUnavailable
 
     url = settings.spark_remote
+    if url is None:
+        raise ConfigError("remote_session needs CDC_SPARK_REMOTE")
     try:
-        _check_listening(url)
+        check_listening(url)
         spark = SparkSession.builder.remote(url).getOrCreate()
         server = {key: spark.conf.get(key, None) for key in _catalog_keys(settings)}
     except Exception as exc:  # grpc's errors carry the cause (refused, DNS, TLS)
@@ -118,7 +88,7 @@ def stop_remote_session() -> None:
         active.stop()
 
 
-def _check_listening(url: str, timeout: float = 10.0) -> None:
+def check_listening(url: str, timeout: float = 10.0) -> None:
     """Fail at once when nothing listens at the URL: the Connect client
     itself retries a refused connection for minutes before it gives up."""
     import socket

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .errors import AlreadyAppliedFileChanged
+from cdc_apply.errors import AlreadyAppliedFileChanged
 
 HELD_KEY = "_cdc_held"
 """Source-state key: path -> {"sha256": ..., "lines": [[first, last], ...]}."""

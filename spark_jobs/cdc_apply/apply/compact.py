@@ -194,7 +194,10 @@ def inherit_moved_columns(prepared: DataFrame, stored: DataFrame, key_cols: list
     Returns ``prepared`` with the inserts' ``_cdc_after`` completed, and the
     pairs found (``_m_cid``, the insert's lineage) for the caller's counts.
     Inserts whose delete half is not in this batch stay as they are (counted
-    by ``accounting`` as ``partial_inserts``)."""
+    by ``accounting`` as ``partial_inserts``).
+
+    Long because the pairing, the state before the change and the fill are
+    one Spark plan whose steps share their column lists."""
     keys = [quote(k) for k in key_cols]
     cid = F.col("_cdc_change_id")
     old = [f"_m_old{i}" for i in range(len(key_cols))]

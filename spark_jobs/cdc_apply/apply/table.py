@@ -1,0 +1,338 @@
+"""One table's share of a batch: from its decoded events to a written audit
+branch (status ``written``), or a ``TableResult`` that says why not.
+
+In order: the target (name, key, columns); the batch's files not yet applied
+to this table (exactly once); create or evolve the table; order, label and
+fold the events (``compact``); MERGE them onto the audit branch (``merge``);
+reconcile what was written with what was folded (judged later by the gate).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdc_apply import ledger
+from cdc_apply.apply import branches, compact, gate, merge, tables
+from cdc_apply.archive.files import ArchiveFile
+from cdc_apply.config import Settings, SourceConfig
+from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalError
+from cdc_apply.results import TableResult
+from cdc_apply.status import Status
+
+log = logging.getLogger("cdc_apply")
+
+PRUNE_STATE_MAX_EVENTS = 2_000_000
+PRUNE_STATE_MIN_RATIO = 4
+"""A batch of at most ``PRUNE_STATE_MAX_EVENTS`` events of a table, into a
+table of at least ``PRUNE_STATE_MIN_RATIO`` times as many live rows,
+broadcasts its keys to keep only their stored rows before the labelling join
+(``compact.label_against_target``): the join then shuffles the batch's share
+of the table, not all of it (100k events against 10M rows: 2.6 -> 1.3 s).
+A batch as large as the table gains nothing and pays the broadcast (1M
+events into 1M rows: +2.6 s), and a very large batch's keys would weigh on
+the driver: both join the whole stored state."""
+
+ATTEMPT_PROPERTY = ledger.PREFIX + "attempt-id"
+"""Snapshot-summary property naming the run that wrote a branch head (runs
+of one batch share the branch)."""
+TRUNCATES_KEY = "_cdc_truncates"
+"""Source-state entry: ``{"<db>.<schema>.<table>": position}`` of truncates
+of tables not in the lake yet, so that older events arriving later stay out."""
+
+
+@dataclass
+class TableWork:
+    """What one table's apply takes from its batch."""
+
+    spark: SparkSession
+    settings: Settings
+    source: SourceConfig
+    batch_id: str
+    files: list[ArchiveFile]
+    source_state: dict[str, Any]
+    """Carried to the next batch; the truncate watermarks are kept here."""
+    held_files: frozenset[str] = field(default_factory=frozenset)
+    """Files with held messages: not recorded as applied to any table yet."""
+    dry_run: bool = False
+
+    @property
+    def branch(self) -> str:
+        return ledger.audit_branch(self.batch_id)
+
+
+def source_identity(meta: Any) -> str:
+    """The source table of a batch's table group (``tables.source_identity``)."""
+    return tables.source_identity(meta["database"], meta["schema_name"], meta["table_name"])
+
+
+def apply_table(work: TableWork, events: DataFrame, meta: Any, target: str | None = None) -> TableResult:
+    """Write one source table's events (``meta``: its group of the batch) onto
+    the audit branch.  Failures become the result's status: terminal for data
+    and configuration (no retry helps), transient otherwise."""
+    tr = TableResult(table=meta["table_name"], status=Status.FAILED)
+    try:
+        _apply(work, events, meta, target, tr)
+    except TerminalError as exc:
+        tr.message = f"{type(exc).__name__}: {exc}"
+        tr.terminal = True
+    except CdcError as exc:
+        tr.message = str(exc)
+        tr.terminal = False
+    except Exception as exc:  # a Spark / catalog failure: may be transient
+        log.exception("table %s failed", meta["table_name"])
+        tr.message = concurrent_apply_message(exc, tr.table, work.batch_id, work.branch) or f"{type(exc).__name__}: {str(exc)[:2000]}"
+        tr.terminal = False
+    return tr
+
+
+def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr: TableResult) -> None:
+    spark = work.spark
+    if meta["untyped"]:
+        refuse_untyped(spark, work.settings, work.source, meta, events)
+    spec = table_spec(spark, work.settings, work.source, meta, target)
+    if spec is None:
+        _keep_truncate_watermark(work, meta, tr)
+        return
+    tr.table = spec.identifier
+    ev = events.where(
+        (F.col("table_name") == meta["table_name"])
+        & F.col("schema_name").eqNullSafe(F.lit(meta["schema_name"]))
+        & F.col("database").eqNullSafe(F.lit(meta["database"]))
+    )
+    exists = tables.table_exists(spark, spec.identifier)
+    if exists:
+        tables.check_source_table(spark, spec.identifier, source_identity(meta), claim=not work.dry_run)
+    led = ledger.Ledger(work.settings).table_ledger(spec.short) if exists else None
+    new_files = ledger.not_yet_applied(work.files, led.files if led else {}, spec.identifier)
+    if not new_files:
+        tr.status = Status.SKIPPED
+        tr.message = "every file of the batch is already applied to this table"
+        return
+    partly = len(new_files) < len(work.files)
+    if partly:
+        ev = ev.where(F.col("file").isin([f.path for f in new_files]))
+    if work.dry_run:
+        tr.status = Status.DRY_RUN
+        tr.counts = {"events": ev.count()}
+        return
+    tr.schema_changes += _create_or_evolve(work, spec, exists, meta)
+    truncs: Any
+    if partly:  # some files were applied to this table already: count the rest
+        truncs = ev.where("op = 't'").agg(F.max("position").alias("p"), F.count(F.lit(1)).alias("n")).collect()[0]
+    else:
+        truncs = {"p": meta["max_truncate"], "n": meta["truncates"]}
+    watermark = work.source_state.setdefault(TRUNCATES_KEY, {}).get(_table_key(meta))
+    truncated_at = max([p for p in (truncs["p"], led.truncated_at if led else None, watermark) if p], default=None)
+    _write(work, spec, ev.where("op <> 't'"), meta, truncs, truncated_at, new_files, tr)
+
+
+def _table_key(meta: Any) -> str:
+    return f"{meta['database']}.{meta['schema_name']}.{meta['table_name']}"
+
+
+def _keep_truncate_watermark(work: TableWork, meta: Any, tr: TableResult) -> None:
+    """A truncate of a table we have never seen: nothing to remove, but
+    remember its position so older events arriving later stay out."""
+    pos, key = meta["max_truncate"], _table_key(meta)
+    truncates = work.source_state.setdefault(TRUNCATES_KEY, {})
+    if not work.dry_run and (truncates.get(key) is None or pos > truncates[key]):
+        truncates[key] = pos
+    tr.status = Status.SKIPPED
+    tr.counts = {"truncates": int(meta["n"])}
+    tr.message = f"truncate at {pos} of a table not in the lake yet: watermark kept in the source state"
+
+
+def _create_or_evolve(work: TableWork, spec: tables.TableSpec, exists: bool, meta: Any) -> list[str]:
+    """Create the table, or evolve it to the batch's columns (and finish one a
+    killed run left half-made); returns the schema changes made."""
+    spark, source = work.spark, work.source
+    if not exists:
+        tables.create_table(spark, spec, source.name, source.merge_mode, source_identity(meta))
+        return ["created table"]
+    changes = tables.evolve(spark, spec)
+    if source.merge_mode:
+        changes += tables.keep_merge_mode(spark, spec.identifier, source.merge_mode)
+    if not tables.is_complete(spark, spec.identifier):  # a killed run left it half-made
+        tables.finish_table(spark, spec)
+        changes.append("finished a half-made table")
+    return changes
+
+
+def _write(
+    work: TableWork, spec: tables.TableSpec, rows: DataFrame, meta: Any, truncs: Any, truncated_at: str | None,
+    new_files: list[ArchiveFile], tr: TableResult,
+) -> None:
+    """Order, label and fold the row events; MERGE them onto a fresh audit
+    branch with the ledger properties; reconcile.  Long because the labelled
+    and folded frames are persisted for exactly this span."""
+    spark, branch = work.spark, work.branch
+    prepared = compact.prepare_events(rows, {k: spec.columns[k] for k in spec.key_columns})
+    branches.reset_branch(spark, spec, branch)
+    start_snapshot = branches.branch_snapshot(spark, spec, branch)
+    main_df = branches.read_branch(spark, spec, "main")
+    if truncs["n"]:
+        merge.apply_truncate(spark, spec, branch, truncs["p"])
+    moved = None
+    if meta["keyed_deletes"]:  # a primary-key change is a delete and an insert sharing a change_id
+        prepared, moved = compact.inherit_moved_columns(prepared, branches.read_branch(spark, spec, branch), spec.key_columns, spec.columns)
+    labelled = compact.label_duplicates(prepared, spec.key_columns)
+    state = branches.read_branch(spark, spec, branch).select(
+        *[compact.quote(k) for k in spec.key_columns], "_cdc_position", "_cdc_deleted", "_cdc_col_pos"
+    )
+    base_live = branches.read_branch(spark, spec, branch).where("NOT _cdc_deleted").count()
+    n_events = int(meta["n"])
+    prune = n_events <= PRUNE_STATE_MAX_EVENTS and n_events * PRUNE_STATE_MIN_RATIO <= base_live
+    labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at, prune_state=prune).persist()
+    folded = compact.fold_per_key(labelled, spec.key_columns).persist()
+    try:
+        counts, tr.position_min, tr.position_max, null_keys, key_ranges = compact.accounting(labelled, folded, spec.key_columns, len(spec.columns))
+        if null_keys:  # before anything is merged: the branch is reset by the next attempt
+            raise ConfigError(f"{spec.identifier}: {null_keys} event(s) carry no value for key column(s) {spec.key_columns}")
+        counts["truncates"] = int(truncs["n"])
+        if moved is not None:
+            counts["key_changes_inherited"] = moved.count()
+            moved.unpersist()
+        if counts.get("partial_inserts"):
+            log.warning(
+                "%s: %d insert(s) leave columns out and the delete half of their primary-key change is not in this batch: "
+                "those columns are NULL until a later event carries them", spec.identifier, counts["partial_inserts"])
+        if counts["conflicts"]:
+            tr.failed_expectations.append(_conflict_check(labelled, spec.key_columns, counts["conflicts"]))
+        tr.counts = counts
+        if truncs["p"] and (tr.position_max is None or truncs["p"] > tr.position_max):
+            tr.position_max = truncs["p"]
+        # a file with held messages is not applied to the table until they are (held.py)
+        applied = [f.as_dict() for f in new_files if f.path not in work.held_files]
+        props = ledger.summary_properties(work.batch_id, applied, position_max=tr.position_max, truncated_at=truncated_at, counts=counts)
+        attempt = props[ATTEMPT_PROPERTY] = uuid.uuid4().hex
+        with branches.snapshot_properties(spark, props):
+            source_df = compact.merge_source(folded, spec.key_columns, spec.columns)
+            merge.merge_changes(spark, spec, branch, source_df, work.batch_id, key_ranges)
+            if branches.branch_snapshot(spark, spec, branch) == start_snapshot or truncs["n"]:
+                branches.ledger_commit(spark, spec, branch)
+        tr.branch = branch
+        tr.branch_snapshot = _own_head(spark, spec, branch, attempt, work.batch_id)
+        tr.key_columns = spec.key_columns
+        # reconciliation needs the folded batch: computed now, judged by the gate
+        tr.failed_expectations += gate.reconcile(read_snapshot(spark, spec, tr.branch_snapshot), base_live, folded, spec.key_columns, counts, main_df)
+        tr.status = Status.WRITTEN
+    finally:
+        labelled.unpersist()
+        folded.unpersist()
+
+
+def table_spec(spark: SparkSession, settings: Settings, source: SourceConfig, meta: Any, target: str | None = None) -> tables.TableSpec | None:
+    """The target's name, key and columns; None for a table that is not in the
+    lake yet and whose batch holds nothing but truncates (nothing to create)."""
+    name = meta["table_name"]
+    ident = f"{settings.catalog_name}.{source.namespace}.{target or tables.target_name(name)}"
+    declared = [[(c["name"], c["type"]) for c in cols] for cols in meta["decl"] if cols]
+    columns, _ = tables.resolve_columns(declared, name)
+    keysets = {tuple(k) for k in meta["keys"] if k}
+    existing_cols: dict[str, str] = {}
+    existing_key: list[str] = []
+    if tables.table_exists(spark, ident):
+        existing_cols, existing_key = tables.existing_schema(spark, ident)
+        columns = {**existing_cols, **columns}
+    configured = None
+    for cand in (f"{meta['database']}.{meta['schema_name']}.{name}", f"{meta['schema_name']}.{name}", name):
+        if cand in source.primary_keys:
+            configured = source.primary_keys[cand]
+            break
+    if configured:
+        key = list(configured)
+    elif len(keysets) == 1:
+        key = list(next(iter(keysets)))
+    elif len(keysets) > 1:
+        raise ConfigError(f"table {name}: messages disagree on the primary key {sorted(keysets)}; configure it in the sources file")
+    elif existing_key:
+        key = existing_key
+    elif meta["only_truncates"]:
+        return None
+    else:
+        raise ConfigError(
+            f"table {name} of source {source.name} has no primary key in its messages: add "
+            f"`tables: {{{name}: {{primary_key: [col, ...]}}}}` to source {source.name} in {settings.sources_file}"
+        )
+    missing = [k for k in key if k not in columns]
+    if missing:
+        raise ConfigError(f"table {name}: key column(s) {missing} are not among the message columns {list(columns)}")
+    return tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=key, columns=columns)
+
+
+def refuse_untyped(spark: SparkSession, settings: Settings, source: SourceConfig, meta: Any, events: DataFrame) -> None:
+    """A table not in the lake yet whose messages carry no schema and have no
+    declared column types cannot be created: refuse it, saying what to add."""
+    name = meta["table_name"]
+    if tables.table_exists(spark, f"{settings.catalog_name}.{source.namespace}.{tables.target_name(name)}"):
+        return
+    ev = events.where((F.col("table_name") == name) & F.col("schema_name").eqNullSafe(F.lit(meta["schema_name"])))
+    cols = [r[0] for r in ev.select(F.explode(F.map_keys(F.map_concat("after", F.coalesce("before", F.create_map().cast("map<string,string>")))))).distinct().orderBy(1).collect()]
+    qualified = f"{meta['schema_name']}.{name}" if meta["schema_name"] else name
+    key = next((k for k in meta["keys"] if k), None) or next((source.primary_keys[n] for n in (f"{meta['database']}.{qualified}", qualified, name) if n in source.primary_keys), None)
+    missing = "columns" if key else "primary_key and columns"
+    declared = ", ".join(f"{c}: <type>" for c in cols) or "<column>: <type>, ..."
+    raise ConfigError(
+        f"table {qualified} of source {source.name}: {meta['untyped']} message(s) carry no schema (JsonConverter schemas.enable=false) "
+        f"and the table is not in the lake yet, so its column types are unknown; missing in {settings.sources_file}: {missing}. Add to source {source.name}:\n"
+        f"    tables:\n      {qualified}:\n        primary_key: [{', '.join(key) if key else '<key column>, ...'}]\n"
+        f"        columns: {{{declared}}}\n"
+        "with Spark types (int, decimal(12,2), date, timestamp_ntz, ...) or Debezium semantic types (io.debezium.time.MicroTimestamp, ...); "
+        "or archive with a converter that writes the schema (value.converter.schemas.enable=true)."
+    )
+
+
+def _conflict_check(labelled: DataFrame, key_columns: list[str], n: int) -> str:
+    """The failed check for events of one key at one position whose contents
+    differ: the gate refuses the table (nothing of the key at that position
+    is applied) until the source is fixed, or an operator forces or skips."""
+    rows = (
+        labelled.where(F.col("_cdc_label") == compact.CONFLICT)
+        .select(*[compact.quote(k) for k in key_columns], compact.META_POS, "_cdc_file", "_cdc_line")
+        .limit(5)
+        .collect()
+    )
+    where = "; ".join(
+        f"key {tuple(r[k] for k in key_columns)} position {r[compact.META_POS]} at {r['_cdc_file']}:{r['_cdc_line']}" for r in rows
+    )
+    return f"equal_position_conflict(events={n}: different events of one key at one source position, not applied; e.g. {where})"
+
+
+def _own_head(spark: SparkSession, spec: tables.TableSpec, branch: str, attempt: str, batch_id: str) -> int:
+    """The branch head, checked to be this run's own commit (its attempt id in
+    the snapshot summary): another run of the batch may have reset the branch."""
+    head = branches.branch_snapshot(spark, spec, branch)
+    rows = [] if head is None else spark.sql(f"SELECT summary['{ATTEMPT_PROPERTY}'] AS a FROM {spec.identifier}.snapshots WHERE snapshot_id = {int(head)}").collect()
+    if head is None or not rows or rows[0]["a"] != attempt:
+        raise ConcurrentApply(
+            f"another run is applying batch {batch_id} to {spec.identifier} at the same time (the head {head} of branch {branch!r} "
+            "is not this run's write); retry: the retry applies what is left, exactly once"
+        )
+    return int(head)
+
+
+def read_snapshot(spark: SparkSession, spec: tables.TableSpec, snapshot_id: int) -> DataFrame:
+    return spark.sql(f"SELECT * FROM {spec.identifier} VERSION AS OF {int(snapshot_id)}")
+
+
+_CONCURRENT = ("ConcurrentApply", "ValidationException", "CommitFailedException", "CommitStateUnknownException", "Found conflicting files")
+
+
+def concurrent_apply_message(exc: BaseException, table: str, batch_id: str | None, branch: str | None) -> str | None:
+    """The clear, transient message of a failure that means another run is
+    applying the same batch: Iceberg's optimistic concurrency let the other
+    run's commit (or its reset of the shared audit branch) win.  None for
+    any other failure."""
+    text = f"{type(exc).__name__}: {exc}"
+    if any(marker in text for marker in _CONCURRENT) or (branch and branch in text):
+        return (
+            f"{ConcurrentApply.__name__}: another run is applying batch {batch_id} to {table} at the same time "
+            f"(its commit on branch {branch!r} won: {text.splitlines()[0][:300]}); retry: the retry applies what is left, exactly once"
+        )
+    return None

@@ -1,0 +1,473 @@
+"""One batch, end to end: decode -> order/compact -> MERGE on the audit branch
+-> gate -> publish -> ledger.  Used by ``spark_jobs/apply_batch.py`` (spark-submit),
+the CLI and the tests.
+
+A batch is a set of archive files of one source.  Its id is derived from the
+files' fingerprints, so the same files always form the same batch (and the
+same audit branch).  Tables are independent: one table failing its gate or
+its schema check does not stop the others; the batch is *complete* (its files
+marked applied for discovery) only when every table published.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdc_apply import ledger
+from cdc_apply.apply import branches, gate, held, tables
+from cdc_apply.apply.table import (
+    TableWork,
+    apply_table,
+    concurrent_apply_message,
+    read_snapshot,
+    source_identity,
+)
+from cdc_apply.archive.files import ArchiveFile
+from cdc_apply.archive.listing import list_files
+from cdc_apply.config import Settings, SourceConfig, get_source
+from cdc_apply.decode import DecodeContext
+from cdc_apply.decode.debezium_common import UNTYPED_NOTE
+from cdc_apply.decode.stage import decode_batch
+from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError
+from cdc_apply.model import CONFIG_REFUSED_PREFIX
+from cdc_apply.results import BatchResult, Override, TableResult, reason_class
+from cdc_apply.status import Status
+
+log = logging.getLogger("cdc_apply")
+
+
+STAGES = ("write", "validate", "publish")
+
+
+def batch_id_for(source: str, files: list[ArchiveFile]) -> str:
+    digest = hashlib.sha256("\n".join(f"{f.path}:{f.sha256}" for f in sorted(files)).encode()).hexdigest()[:16]
+    return f"{source}_{digest}"
+
+
+def pending_files(
+    settings: Settings,
+    source: SourceConfig,
+    *,
+    root: str | Path | None = None,
+    until: dt.datetime | None = None,
+    since: dt.datetime | None = None,
+) -> list[ArchiveFile]:
+    """Files of the source not yet applied (oldest first), under ``root``
+    (default: the source's archive folder); refuses applied files that changed
+    — by size (their recorded SHA-256 is reused while the size is unchanged),
+    or by SHA-256 with ``CDC_VERIFY_APPLIED=sha256``."""
+    records = ledger.Ledger(settings).applied_file_records(source.name)
+    known = records if settings.verify_applied == "size" else None
+    files = list_files(source.archive_path(settings) if root is None else root, until=until, since=since, known=known)
+    return ledger.not_yet_applied(files, ledger.sha256_by_path(records), f"source {source.name}")
+
+
+def run_batch(
+    settings: Settings,
+    source_name: str,
+    files: list[ArchiveFile] | None = None,
+    *,
+    spark: SparkSession | None = None,
+    dry_run: bool = False,
+    table_filter: str | None = None,
+    max_files: int | None = None,
+    stages: tuple[str, ...] = STAGES,
+    override: Override | None = None,
+) -> BatchResult:
+    """Decode and write a batch onto audit branches, then (by default) validate,
+    publish and record it.  ``stages=("write",)`` stops after the write: the
+    DAG runs validate and publish per table as their own tasks on the saved
+    result, then :func:`finish_batch`."""
+    started = time.time()
+    source = get_source(settings, source_name)
+    if files is None:
+        files = pending_files(settings, source)
+    files = sorted(files)
+    if max_files:
+        files = files[:max_files]
+    if not files:
+        return BatchResult(batch_id=None, source=source.name, status=Status.NOTHING_TO_DO, message="no pending files")
+    batch_id = batch_id_for(source.name, files)
+    result = BatchResult(
+        batch_id=batch_id,
+        source=source.name,
+        status=Status.DRY_RUN if dry_run else Status.COMPLETE,
+        files=[f.as_dict() for f in files],
+        override=asdict(override) if override else None,
+    )
+    log.info("batch %s: %d file(s) of source %s", batch_id, len(files), source.name)
+    if override is not None:
+        log.warning("batch %s: operator override %s", batch_id, override.describe())
+    if override is not None and override.action == "skip":
+        return skip_batch(settings, source, result, dry_run=dry_run)
+    from cdc_apply.runtime.session import get_spark
+
+    spark = spark or get_spark(settings)
+    state = ledger.Ledger(settings).latest_decoder_state(source.name)
+    ctx = DecodeContext(source=source.name, primary_keys=source.primary_keys, state=state, options=source.decode_options(), declared_types=source.columns)
+    if source.format in ("debezium_postgres", "debezium_sqlserver"):  # they type schemaless messages by the stored tables
+        t0 = time.time()
+        ctx.stored_types = tables.stored_column_types(spark, settings.catalog_name, source.namespace)
+        log.info("batch %s: column types of %d stored table(s) read in %.2f s", batch_id, len(ctx.stored_types), time.time() - t0)
+    decoded, new_state = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
+    new_state = {**state, **new_state}
+    apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter)
+    if not dry_run:
+        if "validate" in stages and result.pending(Status.WRITTEN):
+            validate_batch(settings, result, spark)
+        if "publish" in stages:
+            publish_batch(settings, result)
+            finish_batch(settings, result)
+    result.seconds = round(time.time() - started, 3)
+    return result
+
+
+def skip_batch(settings: Settings, source: SourceConfig, result: BatchResult, *, dry_run: bool = False) -> BatchResult:
+    """The operator's *skip*: the batch's files are marked applied without
+    being applied (recorded with the reason), and the audit branches a failed
+    attempt of the same batch left behind are dropped."""
+    result.status = Status.DRY_RUN if dry_run else Status.SKIPPED
+    result.message = f"{result.describe_override()}; {len(result.files)} file(s) marked applied without applying them"
+    result.started_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    if not dry_run:
+        dropped = ledger.Ledger(settings).drop_branches(source.namespace, ledger.audit_branch(result.id))
+        if dropped:
+            result.message += f"; dropped audit branch of {dropped}"
+        ledger.Ledger(settings).record_batch(result)
+    log.warning("batch %s: %s", result.batch_id, result.message)
+    return result
+
+
+def apply_decoded(
+    spark: SparkSession,
+    settings: Settings,
+    source: SourceConfig,
+    result: BatchResult,
+    files: list[ArchiveFile],
+    decoded: DataFrame,
+    decoder_state: dict | None = None,
+    *,
+    dry_run: bool = False,
+    table_filter: str | None = None,
+) -> BatchResult:
+    """Everything after decode: accounting, quarantine, per-table apply, ledger.
+
+    ``decoder_state`` is the source state carried to the next batch (decoder
+    state plus truncate watermarks of tables not in the lake yet); None reads
+    the latest from the ledger.
+    """
+    state = dict(ledger.Ledger(settings).latest_decoder_state(source.name) if decoder_state is None else decoder_state)
+    result.started_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    result.stage = "write"
+    # lines of partly applied files that an earlier batch accounted for are not read again
+    decoded = held.only_held_lines(spark, decoded, held.prior_in_batch(state, files)).persist()
+    try:
+        status_counts = _count_messages(decoded, result)
+        _refuse_config(source, status_counts, decoded)
+        _carry_held(decoded, result, state, files)
+        if not dry_run and result.messages.get("quarantined", 0):
+            _record_quarantine(spark, settings, source, result.id, decoded)
+        if _quarantine_over_limit(settings, source, result):
+            return result
+        events = decoded.where("status = 'event'")
+        if table_filter:
+            events = events.where(F.col("table_name").rlike(table_filter))
+        _apply_tables(spark, settings, source, result, files, events, state, dry_run)
+        result.source_state = state
+        result.fail_if_any()
+    finally:
+        decoded.unpersist()
+    return result
+
+
+def _count_messages(decoded: DataFrame, result: BatchResult) -> dict[tuple[str, str], int]:
+    """Every message read, by status and reason class (the detail is in the
+    quarantine row), into ``result.messages``; returns the exact counts."""
+    status_counts = {(r["status"], r["reason"]): r["n"] for r in decoded.groupBy("status", "reason").agg(F.count(F.lit(1)).alias("n")).collect()}
+    messages = {"read": sum(status_counts.values())}
+    for (status, reason), n in status_counts.items():
+        messages[status] = messages.get(status, 0) + n
+        if status != "event":
+            key = f"{status}:{reason_class(reason)}"
+            messages[key] = messages.get(key, 0) + n
+    result.messages = messages
+    return status_counts
+
+
+def _carry_held(decoded: DataFrame, result: BatchResult, state: dict[str, Any], files: list[ArchiveFile]) -> None:
+    """Record the held lines of each file in the source state (``held.py``):
+    the file stays unapplied until they are."""
+    held_lines: dict[str, list[int]] = {}
+    if result.messages.get("held"):  # a Spark job only when something is held
+        for r in decoded.where("status = 'held'").select("file", "line").collect():
+            held_lines.setdefault(r["file"], []).append(r["line"])
+        result.held_files = sorted(held_lines)
+    state[held.HELD_KEY] = held.carry(state, files, held_lines)
+    if not state[held.HELD_KEY]:
+        del state[held.HELD_KEY]
+
+
+def _quarantine_over_limit(settings: Settings, source: SourceConfig, result: BatchResult) -> bool:
+    """The quarantine share check: True (the batch failed) when over the
+    source's limit and not forced by an operator."""
+    messages = result.messages
+    quarantined = messages.get("quarantined", 0)
+    share = quarantined / messages["read"] if messages["read"] else 0.0
+    if share <= source.quarantine_max_share:
+        return False
+    msg = (
+        f"{quarantined} of {messages['read']} messages quarantined ({share:.1%}) exceeds the limit "
+        f"{source.quarantine_max_share:.1%} of source {source.name}; inspect "
+        f"{settings.catalog_name}.{settings.audit_namespace}.quarantine WHERE batch_id = '{result.batch_id}'"
+    )
+    result.failed_checks.append(f"quarantine_share(max={source.quarantine_max_share}, got={share:.4f})")
+    override = result.get_override()
+    if override is not None and override.action == "force":
+        log.warning("batch %s: %s -- %s", result.batch_id, msg, override.describe())
+        return False
+    result.status = Status.FAILED
+    result.message = msg
+    return True
+
+
+def _apply_tables(
+    spark: SparkSession, settings: Settings, source: SourceConfig, result: BatchResult, files: list[ArchiveFile],
+    events: DataFrame, state: dict[str, Any], dry_run: bool,
+) -> None:
+    """One ``apply_table`` per source table of the batch, after refusing the
+    tables without a valid target and those colliding on one."""
+    table_meta = (
+        events.groupBy("database", "schema_name", "table_name")
+        .agg(
+            F.collect_set("columns").alias("decl"),
+            F.collect_set("key_columns").alias("keys"),
+            F.count(F.lit(1)).alias("n"),
+            F.bool_and(F.col("op") == "t").alias("only_truncates"),
+            F.max(F.when(F.col("op") == "t", F.col("position"))).alias("max_truncate"),
+            F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
+            F.count(F.when((F.col("op") == "d") & F.col("change_id").isNotNull(), 1)).alias("keyed_deletes"),
+            F.count(F.when(F.array_contains("notes", UNTYPED_NOTE), 1)).alias("untyped"),
+        )
+        .collect()
+    )
+    targets, refused, collisions = _targets(source, table_meta)
+    if refused:
+        _refuse_tables(spark, settings, source, result, events, refused, dry_run)
+    work = TableWork(spark, settings, source, result.id, files, state, frozenset(result.held_files), dry_run)
+    for meta in sorted(table_meta, key=lambda r: (r["table_name"], r["schema_name"] or "")):
+        ident = source_identity(meta)
+        if ident in refused:
+            continue
+        if ident in collisions:
+            result.tables.append(TableResult(table=meta["table_name"], status=Status.FAILED, message=f"ConfigError: {collisions[ident]}", terminal=True))
+            continue
+        result.tables.append(apply_table(work, events, meta, targets[ident]))
+
+
+def _refuse_config(source: SourceConfig, status_counts: dict[tuple[str, str], int], decoded: DataFrame) -> None:
+    """Fail the batch once, terminally, when decoders refused messages for a
+    configuration reason (``ConfigRefused``): one line per distinct reason
+    (with its first file and line), nothing quarantined or applied, the files
+    stay pending for after the fix."""
+    refused = sorted((r, n) for (s, r), n in status_counts.items() if s == "quarantined" and (r or "").startswith(CONFIG_REFUSED_PREFIX))
+    if refused:
+        def first(reason: str) -> str:
+            row = decoded.where(F.col("reason") == reason).select("file", "line").orderBy("file", "line").first()
+            return f"{row['file']}:{row['line']}" if row else "?"
+
+        lines = "; ".join(f"{n} message(s), first at {first(r)}: {r[len(CONFIG_REFUSED_PREFIX):]}" for r, n in refused[:5])
+        more = f" (and {len(refused) - 5} more reasons)" if len(refused) > 5 else ""
+        raise ConfigError(f"source {source.name}: the configuration does not fit its messages: {lines}{more}")
+
+
+def _targets(source: SourceConfig, table_meta: list) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """Per source table (``tables.source_identity``): its target name (a
+    configured ``target``, else the table's own name), the tables refused
+    (no valid Iceberg name: identity -> why) and those colliding with another
+    source table of the batch on one target (identity -> why, naming both)."""
+    targets: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    for meta in table_meta:
+        ident = source_identity(meta)
+        mapped = source.lookup(source.targets, meta["database"], meta["schema_name"], meta["table_name"])
+        try:
+            targets[ident] = mapped or tables.target_name(meta["table_name"])
+        except ConfigError as exc:
+            refused[ident] = f"refused table {tables.describe_identity(ident)}: {exc}"
+    by_target: dict[str, list[str]] = {}
+    for ident, target in targets.items():
+        by_target.setdefault(target, []).append(ident)
+    collisions = {}
+    for target, idents in by_target.items():
+        if len(idents) > 1:
+            names = sorted(tables.describe_identity(i) for i in idents)
+            for ident in idents:
+                collisions[ident] = (
+                    f"source tables {names} would all be written to {source.namespace}.{target}: two source tables never share a "
+                    f"target; map each to its own with `tables: {{<schema>.<table>: {{target: <name>}}}}` in the sources file"
+                )
+    return targets, refused, collisions
+
+
+def _refuse_tables(
+    spark: SparkSession, settings: Settings, source: SourceConfig, result: BatchResult, events: DataFrame, refused: dict[str, str], dry_run: bool
+) -> None:
+    """Quarantine the events of refused tables (file, line, the event as JSON,
+    the reason naming the table) so that the batch completes for the others;
+    counted in the result and logged as a warning."""
+    identity = F.lit(None).cast("string")
+    for ident in refused:
+        db, schema, table = json.loads(ident)
+        match = F.col("database").eqNullSafe(F.lit(db)) & F.col("schema_name").eqNullSafe(F.lit(schema)) & (F.col("table_name") == table)
+        identity = F.when(match, F.lit(ident)).otherwise(identity)
+    reasons = F.create_map(*[x for ident, why in refused.items() for x in (F.lit(ident), F.lit(why))])
+    rows = events.withColumn("_ident", identity).where(F.col("_ident").isNotNull())
+    counts = {r["_ident"]: r["n"] for r in rows.groupBy("_ident").agg(F.count(F.lit(1)).alias("n")).collect()}
+    total = sum(counts.values())
+    m = result.messages
+    m["event"] = m.get("event", 0) - total
+    m["quarantined"] = m.get("quarantined", 0) + total
+    m["quarantined:refused-table"] = m.get("quarantined:refused-table", 0) + total
+    for ident, why in sorted(refused.items()):
+        result.tables.append(TableResult(table=tables.describe_identity(ident), status=Status.REFUSED, counts={"quarantined": counts.get(ident, 0)}, message=why))
+        log.warning("batch %s: %d message(s) quarantined: %s", result.batch_id, counts.get(ident, 0), why)
+    result.message = f"{len(refused)} table(s) refused, their {total} message(s) quarantined: {sorted(refused.values())}"
+    if dry_run:
+        return
+    ledger.Ledger(settings).ensure_audit_tables()
+    target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
+    spark.sql(f"DELETE FROM {target} WHERE batch_id = {tables.sql_string(result.id)} AND reason LIKE 'refused table %'")
+    raw = F.to_json(F.struct("database", "schema_name", "table_name", "op", "key_columns", "position", "after", "before"))
+    (
+        rows.select(
+            F.lit(result.batch_id).alias("batch_id"), F.lit(source.name).alias("source"), "file", "line",
+            reasons[F.col("_ident")].alias("reason"), raw.alias("raw"), F.current_timestamp().alias("recorded_at"),
+        )
+        .writeTo(target)
+        .append()
+    )
+
+
+def _record_quarantine(spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str, decoded: DataFrame) -> None:
+    ledger.Ledger(settings).ensure_audit_tables()
+    target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
+    spark.sql(f"DELETE FROM {target} WHERE batch_id = '{batch_id}'")  # a retry replaces, never doubles
+    (
+        decoded.where("status = 'quarantined'")
+        .select(
+            F.lit(batch_id).alias("batch_id"),
+            F.lit(source.name).alias("source"),
+            "file",
+            "line",
+            "reason",
+            "raw",
+            F.current_timestamp().alias("recorded_at"),
+        )
+        .writeTo(target)
+        .append()
+    )
+
+
+def validate_batch(settings: Settings, result: BatchResult, spark: SparkSession | None = None, table: str | None = None) -> BatchResult:
+    """The gate: GX suites (generated + user) and the write stage's
+    reconciliation, on each written table's audit branch (or only ``table``'s).
+    An operator's *force* override lets failed checks through, logged."""
+    from cdc_apply.runtime.session import get_spark
+
+    result.stage = "validate"
+    override = result.get_override()
+    for tr in result.tables:
+        if tr.status != Status.WRITTEN or (table is not None and tr.table != table):
+            continue
+        spark = spark or get_spark(settings)
+        spec = tables.TableSpec(identifier=tr.table, short=tr.table.split(".", 1)[1], key_columns=tr.key_columns, columns={})
+        try:
+            if tr.branch_snapshot is not None and branches.branch_snapshot(spark, spec, tr.audit_branch) != tr.branch_snapshot:
+                raise ConcurrentApply(f"branch {tr.branch!r} moved from snapshot {tr.branch_snapshot} (this run's write)")
+            branch_df = branches.read_branch(spark, spec, tr.audit_branch) if tr.branch_snapshot is None else read_snapshot(spark, spec, tr.branch_snapshot)
+            gx_result = gate.run_gx(settings, branch_df, tr.table, tr.key_columns, result.id)
+        except Exception as exc:  # GX or Spark broke, or another run took the branch: not a data verdict, may be retried
+            log.exception("validation of %s failed to run", tr.table)
+            tr.status, tr.terminal = Status.FAILED, False
+            tr.message = concurrent_apply_message(exc, tr.table, result.batch_id, tr.branch or "") or f"validation could not run: {type(exc).__name__}: {str(exc)[:2000]}"
+            continue
+        tr.data_docs = gx_result.data_docs
+        log.info("%s: data docs %s", tr.table, gx_result.data_docs)
+        failed = tr.failed_expectations + gx_result.failed
+        tr.failed_expectations = failed
+        if failed and override is not None and override.action == "force":
+            tr.status = Status.VALIDATED
+            tr.override = f"{override.describe()}; failed checks let through: {failed}"
+            log.warning("%s: %s", tr.table, tr.override)
+        elif failed:
+            tr.status, tr.terminal = Status.FAILED, True
+            tr.message = (
+                f"GateFailed: batch {result.batch_id} failed {len(failed)} check(s): {failed}; main is untouched, "
+                f"inspect branch '{tr.branch}' (SELECT * FROM {tr.table} VERSION AS OF '{tr.branch}'), data docs {tr.data_docs}"
+            )
+            log.error("%s: %s", tr.table, tr.message)
+        else:
+            tr.status = Status.VALIDATED
+    result.fail_if_any()
+    return result
+
+
+def publish_batch(settings: Settings, result: BatchResult, table: str | None = None) -> BatchResult:
+    """Fast-forward main to each validated branch (or only ``table``'s) with
+    pyiceberg: no Spark needed."""
+    result.stage = "publish"
+    led = ledger.Ledger(settings)
+    for tr in result.tables:
+        if tr.status != Status.VALIDATED or (table is not None and tr.table != table):
+            continue
+        try:
+            tr.snapshot_id = led.fast_forward(tr.table.split(".", 1)[1], tr.audit_branch, expected_head=tr.branch_snapshot)
+            tr.status = Status.PUBLISHED
+            log.info("%s: published batch %s as snapshot %s", tr.table, result.batch_id, tr.snapshot_id)
+        except CdcError as exc:
+            tr.status, tr.terminal, tr.message = Status.FAILED, False, str(exc)
+        except Exception as exc:  # a lost commit race (pyiceberg's CommitFailedException): transient
+            msg = concurrent_apply_message(exc, tr.table, result.batch_id, tr.branch)
+            if msg is None:
+                raise
+            tr.status, tr.terminal, tr.message = Status.FAILED, False, msg
+    result.fail_if_any()
+    return result
+
+
+def finish_batch(settings: Settings, result: BatchResult) -> BatchResult:
+    """Close the attempt: the batch is *complete* (its files applied for
+    discovery) only when every table published or skipped; record the ledger
+    rows of every table and of the batch."""
+    if result.status in (Status.NOTHING_TO_DO, Status.DRY_RUN, Status.SKIPPED):
+        return result
+    result.stage = "finish"
+    led = ledger.Ledger(settings)
+    for t in result.tables:
+        if t.status == Status.VALIDATED and t.branch:  # its publish may have committed, then died before saving its result
+            snap = led.published_snapshot(t.table.split(".", 1)[1], result.id)
+            if snap is not None:
+                t.status, t.snapshot_id = Status.PUBLISHED, snap
+                log.warning("%s: found batch %s on main (snapshot %s): published by an attempt that did not save its result", t.table, result.batch_id, snap)
+    unfinished = [t for t in result.tables if t.status in (Status.WRITTEN, Status.VALIDATED)]
+    for t in unfinished:
+        t.message = f"stopped after the {t.status} stage: its next stage did not run or did not finish"
+        t.status, t.terminal = Status.FAILED, False
+    result.fail_if_any()
+    if result.status != Status.FAILED:
+        result.status = Status.COMPLETE
+        forced = [t.table for t in result.tables if t.override]
+        if result.failed_checks or forced:
+            result.message = f"{result.describe_override()}; let through: {result.failed_checks + forced}"
+    led.record_batch(result)
+    return result

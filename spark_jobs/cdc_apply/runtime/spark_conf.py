@@ -1,0 +1,125 @@
+"""The one place Spark conf is made: the Iceberg catalog, the object store,
+jars, and the driver defaults.  Local sessions, spark-submit jobs and the
+Spark Connect server all take their conf from here, so a job behaves the same
+whichever driver runs it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cdc_apply.config import JARS, S3_JARS, Settings, spark_home, uses_object_store
+from cdc_apply.errors import ConfigError
+from cdc_apply.runtime.logs import spark_conf as quiet_spark
+
+S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+
+# A spark-submit job's JVM lives for one batch (seconds to minutes) and shares
+# few cores with the Python decode workers: the C2 compiler's threads compete
+# with the work and its code arrives too late to pay off.  Measured on 2 cores
+# (bench/README.md): a 1k-event hourly job 27.9 -> 22 s, a 200k-event job
+# 58.6 -> 51.1 s.  A Connect server lives for days and keeps the default.
+# To drop it: CDC_SPARK_CONF_spark__driver__extraJavaOptions= (empty).
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+def session_defaults(settings: Settings) -> dict[str, str]:
+    """Sizing every driver the project starts gets (overridden by
+    ``CDC_SPARK_CONF_*``, which ``iceberg_conf`` applies last)."""
+    return {
+        "spark.sql.shuffle.partitions": "8",
+        "spark.default.parallelism": "4",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.adaptive.enabled": "true",
+        # the driver JVM (and, on local[*], the executors): Spark's 1 GB default
+        # runs out of heap on an hour of large archive files (see bench/README.md)
+        "spark.driver.memory": settings.driver_memory,
+    }
+
+
+def iceberg_conf(settings: Settings) -> dict[str, str]:
+    """Spark conf for the Iceberg catalog (and its object store), with the
+    user's ``CDC_SPARK_CONF_*`` last."""
+    cat = f"spark.sql.catalog.{settings.catalog_name}"
+    conf = {
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        cat: "org.apache.iceberg.spark.SparkCatalog",
+        f"{cat}.warehouse": settings.warehouse,
+        # no table cache: pyiceberg (publish, ledger) commits to the same tables
+        f"{cat}.cache-enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
+    }
+    if settings.catalog_type == "jdbc":
+        conf[f"{cat}.type"] = "jdbc"
+        conf[f"{cat}.uri"] = settings.catalog_uri
+        conf[f"{cat}.jdbc.schema-version"] = "V1"
+    else:
+        conf[f"{cat}.type"] = "rest"
+        conf[f"{cat}.uri"] = settings.catalog_uri
+    conf.update(object_store_conf(settings))
+    conf.update(settings.extra_spark_conf)
+    return conf
+
+
+def object_store_conf(settings: Settings) -> dict[str, str]:
+    """Spark conf for an S3 warehouse (Iceberg S3FileIO); empty for local files."""
+    if not uses_object_store(settings):
+        return {}
+    cat = f"spark.sql.catalog.{settings.catalog_name}"
+    conf: dict[str, str] = {}
+    # Iceberg catalog: table files through S3FileIO (default AWS credential chain).
+    if settings.warehouse_on_object_store:
+        conf[f"{cat}.io-impl"] = S3_FILE_IO
+    if settings.s3.endpoint:
+        conf[f"{cat}.s3.endpoint"] = settings.s3.endpoint
+    conf[f"{cat}.s3.path-style-access"] = "true" if settings.s3.path_style else "false"
+    if settings.s3.region:
+        conf[f"{cat}.client.region"] = settings.s3.region
+    return conf
+
+
+def driver_conf(settings: Settings, *, short_lived: bool = True) -> dict[str, str]:
+    """Conf of a driver JVM the project starts: one batch's spark-submit
+    (``short_lived``) or a Spark Connect server."""
+    conf = {
+        **session_defaults(settings),
+        "spark.pyspark.python": settings.worker_python,
+        "spark.pyspark.driver.python": settings.worker_python,
+    }
+    if short_lived:
+        conf["spark.driver.extraJavaOptions"] = DRIVER_JAVA_OPTIONS
+    return {**conf, **quiet_spark(settings.log_verbose), **iceberg_conf(settings)}
+
+
+def extra_jar_coordinates(settings: Settings) -> tuple[str, ...]:
+    """Maven coordinates of the jars the object store needs on top of
+    ``config.JARS`` (fetched by ``./dev setup`` into CDC_JARS_DIR):
+    iceberg-aws-bundle for S3FileIO.  A jar already on Spark's own class path
+    (``pyspark/jars``, as the Docker image installs iceberg-aws-bundle) is not
+    added again."""
+    if not uses_object_store(settings):
+        return ()
+    spark_jars = spark_home() / "jars"
+    out = []
+    for coord in S3_JARS:
+        _, artifact, version = coord.split(":")
+        if spark_jars.is_dir() and (spark_jars / f"{artifact}-{version}.jar").exists():
+            continue
+        out.append(coord)
+    return tuple(out)
+
+
+def jar_paths(settings: Settings) -> list[Path]:
+    """The jars every driver needs, from ``settings.jars_dir``; a missing one
+    is a configuration error that says how to fetch it."""
+    paths = []
+    for coord in JARS + extra_jar_coordinates(settings):
+        _, artifact, version = coord.split(":")
+        path = settings.jars_dir / f"{artifact}-{version}.jar"
+        if not path.exists():
+            raise ConfigError(
+                f"missing jar {path}: run `./dev setup` (it fetches {coord} with Maven) "
+                "or set CDC_JARS_DIR to a folder holding it"
+            )
+        paths.append(path)
+    return paths

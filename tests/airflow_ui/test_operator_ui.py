@@ -132,7 +132,8 @@ def test_data_docs_open_from_the_ui_without_network(ui, failed_run, monkeypatch)
     origins = page.execute_script("return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")
     assert set(origins) <= {ui.base}, origins
     ui.shot("data-docs-after")
-    rows[0].find_elements("tag name", "td")[1].click()  # a row opens its validation
+    # a row opens its validation (clicked in the page: bootstrap-table may have re-rendered the rows meanwhile)
+    page.execute_script("document.querySelector('.tab-pane.active table tbody tr[data-index] td:nth-child(2)').click()")
     ui.wait_for(lambda: "validations/" in page.current_url and "balance" in page.find_element("tag name", "body").text, what="the validation page")
     assert set(page.execute_script("return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")) <= {ui.base}
     ui.shot("data-docs-validation-after")

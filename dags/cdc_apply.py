@@ -17,6 +17,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task, task_group
 
 from cdc_airflow.assets import TABLES_ALIAS
+from cdc_airflow.form import source_param
 from cdc_airflow.spark import APPLICATION, CdcSparkSubmitOperator
 
 with DAG(
@@ -27,8 +28,8 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": pendulum.duration(minutes=1)},
     params={
-        "source": Param(os.environ.get("CDC_DEFAULT_SOURCE", "pg_inventory"), type="string", description="source name from include/sources.yaml"),
-        "table_filter": Param("", type="string", description="regular expression on source table names (empty: all)"),
+        "source": source_param(os.environ.get("CDC_DEFAULT_SOURCE", "pg_inventory")),
+        "table_filter": Param(".*", type="string", description="regular expression on source table names (.*: all)"),
         "max_files": Param(0, type="integer", minimum=0, description="apply at most this many files (0: all pending)"),
         "dry_run": Param(False, type="boolean", description="decode and count only; write nothing"),
         "override": Param(
@@ -36,28 +37,34 @@ with DAG(
             enum=["none", "force", "skip"],
             description="for a batch that fails its gate: force = publish despite the failed checks; skip = mark its files applied without applying them",
         ),
-        "override_reason": Param("", type="string", description="why (required with an override; recorded in the ledger)"),
+        "override_reason": Param(None, type=["null", "string"], description="why (required with force or skip; recorded in the ledger)"),
     },
     tags=["cdc"],
     doc_md=__doc__,
 ) as dag:
 
-    @task(multiple_outputs=True)
-    def discover(params=None, data_interval_end=None, dag_run=None):
+    @task(multiple_outputs=True)  # a configuration error raises AirflowFailException: not retried
+    def discover(params=None, data_interval_end=None, dag_run=None, ti=None):
+        from airflow.sdk.exceptions import AirflowFailException
+
         from cdc_airflow.discovery import discover as _discover
 
         manual = dag_run is not None and str(dag_run.run_type).endswith("manual")
-        return _discover(
-            params["source"],
-            None if manual else data_interval_end,
-            dag_run.run_id,
-            params["max_files"] or None,
-            table_filter=params["table_filter"],
-            dry_run=params["dry_run"],
-            override=params["override"],
-            override_reason=params["override_reason"],
-            operator=getattr(dag_run, "triggering_user_name", None),
-        )
+        try:
+            return _discover(
+                params["source"],
+                None if manual else data_interval_end,
+                dag_run.run_id,
+                params["max_files"] or None,
+                table_filter=params["table_filter"],
+                dry_run=params["dry_run"],
+                override=params["override"],
+                override_reason=params["override_reason"],
+                operator=getattr(dag_run, "triggering_user_name", None),
+            )
+        except AirflowFailException as exc:
+            ti.xcom_push(key="error", value=str(exc))  # for the run note (cdc_airflow/notes.py)
+            raise
 
     found = discover()
 
@@ -103,15 +110,16 @@ with DAG(
 
         return _finish(result_file)
 
-    @task
-    def report(found, finished):
+    @task(trigger_rule="all_done")
+    def report(ti=None):
+        """Summarises every run, a failed one too (with the next step)."""
         from cdc_airflow.discovery import report as _report
 
-        _report(found, finished)
+        _report(ti.xcom_pull(task_ids="discover"))
 
     written = tables(found["result_file"])
     apply >> written
     finished = finish(found["result_file"])
     gate.expand(table=written) >> finished
     apply >> finished
-    report(found, finished)
+    finished >> report()

@@ -16,6 +16,7 @@ import os
 import pendulum
 from airflow.sdk import DAG, Param
 
+from cdc_airflow.form import source_param
 from cdc_airflow.spark import APPLICATION, CdcSparkSubmitOperator
 
 with DAG(
@@ -26,7 +27,7 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 1, "retry_delay": pendulum.duration(minutes=5)},
     params={
-        "source": Param(os.environ.get("CDC_DEFAULT_SOURCE", "pg_inventory"), type="string"),
+        "source": source_param(os.environ.get("CDC_DEFAULT_SOURCE", "pg_inventory")),
         "snapshot_retention_days": Param(7, type="number", minimum=0),
         "tombstone_retention_days": Param(7, type="number", minimum=0),
     },

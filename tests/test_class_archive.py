@@ -35,6 +35,9 @@ def test_the_first_job_writes_the_archive_and_the_next_ones_start_from_it(tmp_pa
     with ca.driver_with_archive({KEY: OPTS}, [], tmp_path, OPTS) as conf:
         assert conf[KEY] == f"{OPTS} -XX:SharedArchiveFile={archive}"
         assert "sharing" in java(conf).stderr
+    with ca.driver_with_archive({KEY: OPTS}, [], tmp_path, OPTS, "-Xlog:cds*=off") as conf:  # the CDS warnings off (issue 22)
+        assert conf[KEY] == f"{OPTS} -Xlog:cds*=off -XX:SharedArchiveFile={archive}"
+        assert "sharing" in java(conf).stderr
     assert ca.loads(archive)
 
 

@@ -36,6 +36,7 @@ AIRFLOW_REQUIRED_ENV = (
 OPTIONAL_ENV: dict[str, str] = {
     "CDC_SPARK_REMOTE": "the cdc CLI's Spark Connect server; the DAG's tasks take it from the spark_default connection (type spark_connect)",
     "CDC_OPERATOR": "who an override is recorded for; unset, the DAG owner (AIRFLOW_CTX_DAG_OWNER) is recorded",
+    "CDC_LOG_VERBOSE": "1 brings back library chatter (GX, py4j, Spark start-up INFO, JVM CDS warnings) in the task logs; unset, it is off",
 }
 # Names the scanner must find, or the scanner itself is broken.
 KNOWN_CODE_ENV = {"CDC_HOME", "CDC_ARCHIVE_DIR", "CDC_WAREHOUSE", "CDC_CATALOG_TYPE", "CDC_CATALOG_URI", "CDC_S3_ENDPOINT", "AWS_SECRET_ACCESS_KEY"}

@@ -204,10 +204,10 @@ def test_a_publish_that_died_after_its_fast_forward_is_recognised(spark, setting
     snap = ledger.Ledger(settings).fast_forward(ident.split(".", 1)[1], res["tables"][0]["branch"])
     if retried == "publish":
         code, tres = _apply(capsys, "--stage", "publish", "--result-file", r, "--table", ident)
-        assert code == 0 and tres["status"] == "published" and tres["snapshot_id"] == snap
+        assert code == 0 and tres["status"] == "published" and tres["snapshot_id"] == str(snap)  # ids as strings (issue 22)
     code, res = _apply(capsys, "--stage", "finish", "--result-file", r)
     assert code == 0 and res["status"] == "complete", res
-    assert res["tables"][0]["status"] == "published" and res["tables"][0]["snapshot_id"] == snap
+    assert res["tables"][0]["status"] == "published" and res["tables"][0]["snapshot_id"] == str(snap)
     assert _live(spark, ident) == {1, 2}
     assert [row["status"] for row in _batch_rows(settings, src, res["batch_id"])] == ["complete"]
 

@@ -25,20 +25,48 @@ def discover(
     run_id: str,
     max_files: int | None = None,
     *,
-    table_filter: str = "",
+    table_filter: str | None = "",
     dry_run: bool = False,
     override: str = "none",
-    override_reason: str = "",
+    override_reason: str | None = "",
     operator: str | None = None,
 ) -> dict[str, Any]:
+    """Raises AirflowFailException (no retry) on a configuration error: a
+    wrong source, a bad table filter, an override without a reason."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from cdc_airflow.guidance import config_steps
+    from cdc_apply.errors import TerminalError
+
+    try:
+        return _discover(source, data_interval_end, run_id, max_files, table_filter=table_filter, dry_run=dry_run,
+                         override=override, override_reason=override_reason, operator=operator)
+    except TerminalError as exc:
+        import logging
+
+        logging.getLogger("cdc_apply.discover").error("%s", config_steps(str(exc)))
+        raise AirflowFailException(config_steps(str(exc))) from None
+
+
+def _discover(source, data_interval_end, run_id, max_files, *, table_filter, dry_run, override, override_reason, operator) -> dict[str, Any]:
+    import re
+
     from cdc_apply.archive.files import write_manifest
     from cdc_apply.batch import batch_id_for, pending_files
     from cdc_apply.config import Settings, get_source
+    from cdc_apply.errors import ConfigError
     from cdc_apply.results import Override
 
     settings = Settings.from_env()
     src = get_source(settings, source)
+    if override not in (None, "", "none") and not (override_reason or "").strip():
+        raise ConfigError(f"override={override!r} needs an override_reason (why; it goes to the ledger): set it in the trigger form or --conf")
     chosen = Override.parse(override, override_reason, operator)  # fails here, before any Spark, without a reason
+    table_filter = "" if (table_filter or "").strip() in ("", ".*") else table_filter.strip()
+    try:
+        re.compile(table_filter)
+    except re.error as exc:
+        raise ConfigError(f"table_filter {table_filter!r} is not a regular expression: {exc}") from None
     files = pending_files(settings, src, until=data_interval_end)
     if max_files:
         files = files[:max_files]
@@ -95,21 +123,31 @@ def publish_table(result_file: str, table: str, outlet_events=None) -> dict[str,
     if tr.status == "published" and outlet_events is not None:
         outlet_events[TABLES_ALIAS].add(
             table_asset(settings.catalog_name, table),
-            extra={"batch_id": result.batch_id, "snapshot_id": tr.snapshot_id, "counts": tr.counts, "override": tr.override},
+            extra={"batch_id": result.batch_id, "snapshot_id": _id(tr.snapshot_id), "counts": tr.counts, "override": tr.override},
         )
-    return {"table": table, "status": tr.status, "snapshot_id": tr.snapshot_id, "counts": tr.counts}
+    return {"table": table, "status": tr.status, "snapshot_id": _id(tr.snapshot_id), "counts": tr.counts}
 
 
-def finish(result_file: str) -> dict[str, Any]:
+def _id(value: int | None) -> str | None:
+    """A 64-bit Iceberg id as a string: the UI's JSON would round it to another number."""
+    return None if value is None else str(value)
+
+
+def finish(result_file: str | None) -> dict[str, Any]:
     """Record the attempt (every table and the batch) in the ledger; fail the
     task when the batch failed, without retry (retrying this task cannot help:
-    the next run picks the files up again)."""
-    from airflow.sdk.exceptions import AirflowFailException
+    the next run picks the files up again).  Skipped when discover failed:
+    no batch was started, so there is nothing to record."""
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
     from cdc_apply.batch import finish_batch
     from cdc_apply.config import Settings
     from cdc_apply.results import load_result, save_result
 
+    from cdc_airflow.guidance import headline, next_steps
+
+    if result_file is None:
+        raise AirflowSkipException("nothing to finish: discover failed before a batch started (its log says why)")
     if not Path(result_file).exists():
         raise AirflowFailException(f"no result at {result_file}: the apply task did not write one (see its log)")
     result = finish_batch(Settings.from_env(), load_result(result_file))
@@ -119,18 +157,46 @@ def finish(result_file: str) -> dict[str, Any]:
         "status": result.status,
         "messages": result.messages,
         "message": result.message,
-        "tables": [{"table": t.table, "status": t.status, "counts": t.counts, "snapshot_id": t.snapshot_id, "data_docs": t.data_docs} for t in result.tables],
+        "override": result.override,
+        "tables": [{"table": t.table, "status": t.status, "counts": t.counts, "snapshot_id": _id(t.snapshot_id), "data_docs": t.data_docs, "override": t.override} for t in result.tables],
     }
     if result.status == "failed":
-        raise AirflowFailException(f"batch {result.batch_id} failed: {result.message}")
+        import logging
+
+        text = f"{headline(summary)}\nbatch {result.batch_id}: {result.message}\n{next_steps(result.source, result.batch_id)}"
+        logging.getLogger("cdc_apply.finish").error("%s", text)
+        raise AirflowFailException(text)
     return summary
 
 
-def report(found: dict[str, Any], finished: dict[str, Any]) -> None:
+def report(found: dict[str, Any] | None) -> None:
+    """What the run did, in a few lines at their level: the batch's headline,
+    one line per table (changes, snapshot, Data Docs), and on a failure the
+    next step.  Runs whatever happened upstream (its trigger rule), so a
+    failed run is summarised too; it then fails as well (the last task
+    decides the run's state), saying so."""
+    import json
     import logging
 
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from cdc_airflow.guidance import headline, next_steps, summary
+
     log = logging.getLogger("cdc_apply.report")
-    log.info("discovered %s file(s) (%s bytes) for source %s until %s", found["files"], found["bytes"], found["source"], found["until"])
-    log.info("batch %s: %s; messages %s; %s", finished.get("batch_id"), finished.get("status"), finished.get("messages"), finished.get("message") or "")
-    for t in finished.get("tables", []):
-        log.info("table %s: %s counts=%s snapshot=%s data_docs=%s", t["table"], t["status"], t["counts"], t["snapshot_id"], t["data_docs"])
+    if not found:
+        log.error("no batch: discover failed (a configuration error; its log says what to fix)")
+        raise AirflowFailException("the run failed in discover: no batch was started")
+    log.info("discovered %s file(s) (%s bytes) for source %s until %s", found["files"], found["bytes"], found["source"], found["until"] or "now")
+    path = Path(found["result_file"])
+    if not path.exists():
+        log.error("no batch result at %s: the apply task did not write one (see its log)", path)
+        raise AirflowFailException("the run failed before the batch wrote its result (see the apply task)")
+    from cdc_apply.results import load_result
+
+    folded = json.loads(load_result(path).to_json())  # the per-table stages folded in
+    if any(t.get("status") == "failed" for t in folded.get("tables", [])) or folded.get("status") == "failed":
+        folded["status"] = "failed"
+        log.error("%s", summary(folded))
+        log.error("%s", next_steps(found["source"], folded.get("batch_id")))
+        raise AirflowFailException(f"{headline(folded)} (summary and next step above)")
+    log.info("%s", summary(folded))

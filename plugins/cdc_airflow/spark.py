@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +69,39 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
         except Exception as exc:
             result = self._result()
             if result and result.get("status") == "failed" and _terminal(result):
-                raise AirflowFailException(f"terminal failure, not retried: {result.get('message')}") from exc
+                from cdc_airflow.guidance import next_steps
+
+                source = context["params"].get("source", "")
+                steps = next_steps(source, result.get("batch_id"))
+                self.log.error("terminal failure, not retried: %s", result.get("message"))
+                self.log.error("%s", steps)
+                # from None: the provider's error repeats the job's output (logged above) and hides the next step
+                raise AirflowFailException(f"terminal failure, not retried: {result.get('message')}\n{steps}") from None
             raise
         result = self._result() or {}
-        self.log.info("CDC result: %s", json.dumps(result, default=str)[:20000])
+        self._log_result(result)
         if self.table:
             return {k: result.get(k) for k in ("table", "status", "counts", "failed_expectations", "data_docs", "override")}
         return {k: result.get(k) for k in ("batch_id", "status", "messages")} | {
             "tables": [{k: t.get(k) for k in ("table", "status", "counts", "snapshot_id", "data_docs")} for t in result.get("tables", [])]
         }
+
+    def _get_hook(self):
+        """The provider's hook, its spark-submit output logged at each line's level."""
+        hook = super()._get_hook()
+        hook._log = LevelByLine(hook.log)
+        return hook
+
+    def _log_result(self, result: dict[str, Any]) -> None:
+        """A short human summary (the job printed its result JSON on one line)."""
+        from cdc_airflow.guidance import summary, table_line
+
+        if self.table:
+            self.log.info("%s", table_line(result))
+        elif result:
+            self.log.info("%s", summary(result))
+        if self._spark_connect_url():  # in-process: the job's own output is not in this log
+            self.log.info("CDC result: %s", json.dumps(result, default=str, separators=(",", ":"))[:20000])
 
     def _spark_connect_url(self) -> str | None:
         """The Spark Connect server's URL when the connection is of type
@@ -115,6 +140,53 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
         else:
             p = Path(self.result_file)
         return json.loads(p.read_text()) if p.is_file() else None
+
+
+_LEVEL = re.compile(r"^(?:\S+ \S+|\d\d/\d\d/\d\d \d\d:\d\d:\d\d)[ ,.\d]* (DEBUG|INFO|WARN|WARNING|ERROR|CRITICAL|FATAL)\b")
+"""the level of a job line: ours (``2026-01-01 03:00:00,123 WARNING name: ...``,
+cdc_apply/runtime/logs.py) or log4j's (``26/01/01 03:00:00 WARN Class: ...``)"""
+_LEVELS = {"DEBUG": "debug", "INFO": "info", "WARN": "warning", "WARNING": "warning", "ERROR": "error", "CRITICAL": "critical", "FATAL": "critical"}
+_CHATTER = re.compile(
+    r"^(?:\d\d/\d\d/\d\d \d\d:\d\d:\d\d (?:INFO \w+|WARN (?:Utils: (?:Your hostname|Set SPARK_LOCAL_IP|Service 'SparkUI' could not bind)|NativeCodeLoader|SparkStringUtils: Truncated))"
+    r"|WARNING: Using incubator modules|Using Spark's default log4j profile|Setting Spark log level to)"
+)
+"""Spark's start-up lines (before its log level applies) and its warnings that
+ask nothing of an operator: DEBUG (CDC_LOG_VERBOSE=1 keeps them)"""
+
+
+class LevelByLine:
+    """The hook's logger, its ``info(line)`` sent at the level the line names:
+    the job's ERROR and WARNING lines reach the task log (and the UI's level
+    filter) as errors and warnings, not as INFO.  A traceback is an error,
+    and so is what follows an error up to the next line with a level."""
+
+    def __init__(self, inner: Any, verbose: bool | None = None) -> None:
+        self._inner = inner
+        self._level = "info"
+        self._verbose = _verbose() if verbose is None else verbose
+
+    def info(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        text = str(msg)
+        m = _LEVEL.match(text) if not args else None
+        if m:
+            self._level = _LEVELS[m.group(1)]
+        elif args or text.startswith("{"):  # the hook's own lines; the job's result JSON
+            self._level = "info"
+        elif text.startswith("Traceback"):
+            self._level = "error"
+        elif self._level == "warning" and not text.startswith(("at ", "File ", "Caused by", "...")):
+            self._level = "info"
+        level = "debug" if not args and not self._verbose and _CHATTER.match(text) else self._level
+        getattr(self._inner, level)(msg, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _verbose() -> bool:
+    from cdc_apply.config import Settings
+
+    return Settings.from_env().log_verbose
 
 
 def _terminal(result: dict[str, Any]) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -40,7 +39,7 @@ def _emit(result: BatchResult, result_file: str | None, next_status: str | None 
     so one table's failure does not stop the others; the last stage reports it."""
     from cdc_apply.results import save_result
 
-    print(result.to_json())
+    print(result.to_json() if sys.stdout.isatty() else json.dumps(json.loads(result.to_json()), separators=(",", ":")))  # one line in a task log
     if result_file:
         save_result(result_file, result)
     if result.status == Status.FAILED and not (next_status and result.pending(next_status)):
@@ -50,10 +49,10 @@ def _emit(result: BatchResult, result_file: str | None, next_status: str | None 
 
 def _emit_table(result: BatchResult, result_file: str, table: str) -> int:
     """A per-table stage (the DAG maps them): its own file, its own exit code."""
-    from cdc_apply.results import save_table_result
+    from cdc_apply.results import ids_as_strings, save_table_result
 
     tr = result.table(table)
-    print(json.dumps({"batch_id": result.batch_id, **tr.__dict__}, default=str, indent=2))
+    print(json.dumps({"batch_id": result.batch_id, **ids_as_strings(tr.__dict__)}, default=str, indent=2 if sys.stdout.isatty() else None))
     save_table_result(result_file, tr)
     if tr.status == Status.FAILED:
         return EXIT_TERMINAL if tr.terminal else 1
@@ -140,7 +139,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                     "last_position": tled.last_position if tled else None,
                     "last_applied_at": tled.last_applied_at if tled else None,
                     "batches": len(tled.batches) if tled else 0,
-                    "snapshot_id": tled.snapshot_id if tled else None,
+                    "snapshot_id": str(tled.snapshot_id) if tled and tled.snapshot_id is not None else None,  # 64-bit: a string (JSON readers round numbers)
                 }
             )
     print(json.dumps(out, indent=2, default=str))
@@ -230,10 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:
     """Run one command; ``settings`` default to the environment's (the Airflow
     operator passes its own, e.g. with the Spark Connect server's URL)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from cdc_apply.runtime.logs import configure as configure_logging
+
+    configure_logging()  # project INFO, library chatter off (CDC_LOG_VERBOSE=1 brings it back)
     args = build_parser().parse_args(argv)
     try:
         settings = settings or Settings.from_env()
+        if settings.log_verbose:
+            configure_logging(verbose=True)
         return args.func(args, settings)
     except TerminalError as exc:
         print(f"error: {exc}", file=sys.stderr)

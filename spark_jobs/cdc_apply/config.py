@@ -127,6 +127,8 @@ class Settings:
     s3: S3Options = field(default_factory=S3Options)
     driver_memory: str = "3g"
     """``CDC_SPARK_DRIVER_MEMORY``: heap of every driver JVM the project starts."""
+    log_verbose: bool = False
+    """``CDC_LOG_VERBOSE=1``: library chatter back in the job's log (runtime/logs.py)."""
     worker_python: str = field(default_factory=lambda: sys.executable)
     """``CDC_PYSPARK_PYTHON``: the Python of the driver and its workers (the
     executors' interpreter path on a cluster)."""
@@ -173,6 +175,7 @@ class Settings:
             verify_applied=verify_applied,
             s3=S3Options.from_env(),
             driver_memory=_env("CDC_SPARK_DRIVER_MEMORY", "3g"),
+            log_verbose=_env("CDC_LOG_VERBOSE", "").strip().lower() in {"1", "true", "yes", "on"},
             worker_python=_env("CDC_PYSPARK_PYTHON", sys.executable),
             expectations_dir=Path(_env("CDC_EXPECTATIONS_DIR", str(PROJECT_ROOT / "include" / "expectations"))),
         )

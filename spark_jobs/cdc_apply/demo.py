@@ -129,6 +129,27 @@ def write_demo_archive(settings: Settings, source_name: str = "pg_inventory", st
     return paths
 
 
+def write_next_demo_hour(settings: Settings, source_name: str = "pg_inventory") -> Path:
+    """One more hour of demo changes after the newest archived hour (updates of
+    the demo's customers, one new customer), at log positions above every
+    earlier one: fresh data for the DAG to apply after ``./dev demo``."""
+    source = get_source(settings, source_name)
+    root = Path(source.archive_path(settings))
+    hours = sorted(dt.datetime.strptime("/".join(p.relative_to(root).parts[:4]), "%Y/%m/%d/%H").replace(tzinfo=dt.timezone.utc)
+                   for p in root.glob("*/*/*/*") if p.is_dir())
+    hour = (hours[-1] if hours else dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)) + dt.timedelta(hours=1)
+    lsn = int(hour.timestamp()) * 100  # above the demo's (24M) and every earlier hour's
+    new_id = 100 + len(hours)
+    lines = []
+    for n, (op, i, first) in enumerate([("u", 1, "Anne-Marie"), ("u", 2, "Bob"), ("c", new_id, f"New{new_id}")]):
+        ts = hour + dt.timedelta(minutes=5 + n)
+        after = {"id": i, "first_name": first, "last_name": f"Doe{i}", "email": f"c{i}@example.com", "balance": Decimal(f"{len(hours) + n}.00"), "updated_at": ts}
+        lines.append(pg_message(op, lsn + 64 * n, 10_000 + len(hours) * 10 + n, ts, {"id": i} if op == "u" else None, after))
+    path = root / f"{hour:%Y/%m/%d/%H}" / "customers-0000.jsonl.gz"
+    write_jsonl(path, lines, compress=True)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     import logging
 
@@ -137,9 +158,13 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description="CDC apply demo")
     p.add_argument("--source", default="pg_inventory")
+    p.add_argument("--next-hour", action="store_true", help="only write one more hour of changes (fresh data for the DAG); apply nothing")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     settings = Settings.from_env()
+    if args.next_hour:
+        print(f"archive: wrote {write_next_demo_hour(settings, args.source)}; trigger cdc_apply (Airflow) or ./dev cdc apply --source {args.source} to apply it")
+        return 0
     paths = write_demo_archive(settings, args.source)
     print(f"archive: {len(paths)} file(s) under {get_source(settings, args.source).archive_path(settings)}")
     result = run_batch(settings, args.source)

@@ -122,12 +122,14 @@ class BatchResult:
         raise ConfigError(f"batch {self.batch_id} has no table {name!r}; its tables: {[t.table for t in self.tables]}")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), default=str, indent=2, sort_keys=False)
+        data = asdict(self)
+        data["tables"] = [ids_as_strings(t) for t in data["tables"]]
+        return json.dumps(data, default=str, indent=2, sort_keys=False)
 
     @classmethod
     def from_json(cls, text: str) -> "BatchResult":
         data = json.loads(text)
-        data["tables"] = [TableResult(**t) for t in data.get("tables", [])]
+        data["tables"] = [table_from_dict(t) for t in data.get("tables", [])]
         return cls(**data)
 
     def pending(self, status: str) -> bool:
@@ -161,6 +163,19 @@ def reason_class(reason: str | None) -> str:
 
 # -- files ----------------------------------------------------------------------
 
+ID_FIELDS = ("snapshot_id", "branch_snapshot")
+"""64-bit Iceberg ids: written as strings (a browser's JSON, e.g. Airflow's UI,
+rounds numbers above 2**53 to an id that does not exist), read back as int."""
+
+
+def ids_as_strings(table: dict[str, Any]) -> dict[str, Any]:
+    return {k: (str(v) if k in ID_FIELDS and v is not None else v) for k, v in table.items()}
+
+
+def table_from_dict(data: dict[str, Any]) -> TableResult:
+    return TableResult(**{k: (int(v) if k in ID_FIELDS and v is not None else v) for k, v in data.items()})
+
+
 
 def table_result_path(result_file: str | Path, table: str) -> Path:
     """``result.json`` -> ``result.<table>.json`` (one writer per table)."""
@@ -180,7 +195,7 @@ def save_result(result_file: str | Path, result: BatchResult) -> None:
 def save_table_result(result_file: str | Path, table: TableResult) -> None:
     path = table_result_path(result_file, table.table)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(asdict(table), default=str, indent=2))
+    tmp.write_text(json.dumps(ids_as_strings(asdict(table)), default=str, indent=2))
     tmp.replace(path)
 
 
@@ -193,5 +208,5 @@ def load_result(result_file: str | Path) -> BatchResult:
     for i, t in enumerate(result.tables):
         per_table = table_result_path(path, t.table)
         if per_table.exists():
-            result.tables[i] = TableResult(**json.loads(per_table.read_text()))
+            result.tables[i] = table_from_dict(json.loads(per_table.read_text()))
     return result

@@ -90,21 +90,22 @@ def _take_lock(lock: Path) -> bool:
 
 
 @contextlib.contextmanager
-def driver_with_archive(conf: dict[str, str], jars: list[str], directory: Path, default_options: str) -> Iterator[dict[str, str]]:
+def driver_with_archive(conf: dict[str, str], jars: list[str], directory: Path, default_options: str, extra_options: str = "") -> Iterator[dict[str, str]]:
     """The conf of one spark-submit job, its driver set to use the class
     archive, or to write it if there is none yet.
 
     Only when the driver's Java options are the project's default
     (``default_options``): options set by the user (``CDC_SPARK_CONF_``) are
     left exactly as given.  Put in place after the job, whatever its
-    outcome, if a JVM starts from it."""
+    outcome, if a JVM starts from it.  ``extra_options`` go with the archive
+    option (logs.jvm_options: the CDS warnings off)."""
     options = conf.get(JAVA_OPTIONS)
     if options != default_options:
         yield conf
         return
     archive = archive_path(directory, jars, options)
     if archive.is_file():
-        yield {**conf, JAVA_OPTIONS: f"{options} -XX:SharedArchiveFile={archive}".strip()}
+        yield {**conf, JAVA_OPTIONS: " ".join(o for o in (options, extra_options, f"-XX:SharedArchiveFile={archive}") if o)}
         return
     lock = archive.with_suffix(".lock")
     try:
@@ -118,7 +119,7 @@ def driver_with_archive(conf: dict[str, str], jars: list[str], directory: Path, 
     partial = archive.with_suffix(".partial")
     try:
         partial.unlink(missing_ok=True)
-        yield {**conf, JAVA_OPTIONS: f"{options} -XX:ArchiveClassesAtExit={partial}".strip()}
+        yield {**conf, JAVA_OPTIONS: " ".join(o for o in (options, extra_options, f"-XX:ArchiveClassesAtExit={partial}") if o)}
     finally:
         try:
             if partial.is_file() and loads(partial):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cdc_apply.config import JARS, S3_JARS, Settings, spark_home, uses_object_store
 from cdc_apply.errors import ConfigError
+from cdc_apply.runtime.logs import spark_conf as quiet_spark
 
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 
@@ -87,7 +88,7 @@ def driver_conf(settings: Settings, *, short_lived: bool = True) -> dict[str, st
     }
     if short_lived:
         conf["spark.driver.extraJavaOptions"] = DRIVER_JAVA_OPTIONS
-    return {**conf, **iceberg_conf(settings)}
+    return {**conf, **quiet_spark(settings.log_verbose), **iceberg_conf(settings)}
 
 
 def extra_jar_coordinates(settings: Settings) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from typing import Iterator, Mapping
 from cdc_apply.config import Settings, pip_spark_home, spark_home
 from cdc_apply.runtime import class_archive
 from cdc_apply.runtime.code_zip import build_code_zip
+from cdc_apply.runtime.logs import jvm_options
 from cdc_apply.runtime.spark_conf import DRIVER_JAVA_OPTIONS, driver_conf, jar_paths
 
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -36,6 +37,8 @@ class SubmitSpec:
     py_files: str
     env: Mapping[str, str]
     class_archive_dir: Path
+    jvm_logging: str = ""
+    """extra driver JVM options with the class archive (logs.jvm_options)"""
 
     def with_conf(self, own: Mapping[str, str]) -> SubmitSpec:
         """The task's own conf wins (its Java options of its own mean no class archive)."""
@@ -45,7 +48,7 @@ class SubmitSpec:
     def job_conf(self) -> Iterator[dict[str, str]]:
         """The conf of the job: its driver starts from the class archive of
         class_archive.py (or writes it)."""
-        with class_archive.driver_with_archive(dict(self.conf), list(self.jars), self.class_archive_dir, DRIVER_JAVA_OPTIONS) as conf:
+        with class_archive.driver_with_archive(dict(self.conf), list(self.jars), self.class_archive_dir, DRIVER_JAVA_OPTIONS, self.jvm_logging) as conf:
             yield conf
 
 
@@ -58,6 +61,7 @@ def submit_spec(settings: Settings, env: Mapping[str, str]) -> SubmitSpec:
         py_files=build_code_zip(settings.home / "dist"),
         env={k: v for k, v in env.items() if k.startswith(("CDC_", "AWS_"))},
         class_archive_dir=settings.home / "jvm",
+        jvm_logging=jvm_options(settings.log_verbose),
     )
 
 

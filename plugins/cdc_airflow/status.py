@@ -1,0 +1,70 @@
+"""Per-table status for the UI (ui.py): what ``cdc status`` prints, plus the
+pending files (the lag an operator acts on) and the last failed attempt.
+Read with pyiceberg from the ledger (the tables' snapshot summaries and
+``cdc_audit.batches``): no Spark."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+
+def table_status(settings) -> list[dict[str, Any]]:
+    """One dict per table of every configured source, ids as strings."""
+    from cdc_apply.batch import pending_files
+    from cdc_apply.config import load_sources
+    from cdc_apply.ledger import Ledger
+
+    ledger = Ledger(settings)
+    catalog = ledger.catalog
+    now = dt.datetime.now(dt.timezone.utc)
+    out = []
+    for src in load_sources(settings).values():
+        try:
+            idents = sorted(f"{src.namespace}.{name}" for _, name in catalog.list_tables(src.namespace))
+        except Exception:  # the namespace does not exist yet: nothing applied
+            idents = []
+        try:
+            pending = pending_files(settings, src)
+        except Exception as exc:  # an unreadable archive: say so on the page
+            pending, pending_error = [], f"{type(exc).__name__}: {exc}"
+        else:
+            pending_error = None
+        rows = ledger.batch_rows(src.name)
+        for ident in idents:
+            full = f"{settings.catalog_name}.{ident}"
+            led = ledger.table_ledger(ident)
+            deleted = catalog.load_table(ident).scan(selected_fields=("_cdc_deleted",)).to_arrow().column("_cdc_deleted").to_pylist()
+            mine = [r for r in rows if r["table_name"] == full]
+            failures = [r for r in mine if r["status"] == "failed"]
+            last = mine[-1] if mine else None
+            applied_at = dt.datetime.fromisoformat(led.last_applied_at) if led and led.last_applied_at else None
+            out.append(
+                {
+                    "source": src.name,
+                    "table": full,
+                    "live_rows": sum(1 for d in deleted if not d),
+                    "tombstones": sum(1 for d in deleted if d),
+                    "last_batch": led.last_batch if led else None,
+                    "last_status": last["status"] if last else None,
+                    "last_position": led.last_position if led else None,
+                    "last_applied_at": applied_at.isoformat() if applied_at else None,
+                    "lag_minutes": round((now - applied_at).total_seconds() / 60, 1) if applied_at else None,
+                    "pending_files": len(pending),
+                    "oldest_pending_hour": min((f.hour for f in pending), default=None) and min(f.hour for f in pending).isoformat(),
+                    "pending_error": pending_error,
+                    "snapshot_id": str(led.snapshot_id) if led and led.snapshot_id is not None else None,
+                    "last_failure": _failure(failures[-1]) if failures else None,
+                    "data_docs": next((r["data_docs"] for r in reversed(mine) if r["data_docs"]), None),
+                }
+            )
+    return out
+
+
+def _failure(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "batch_id": row["batch_id"],
+        "at": row["ended_at"].isoformat() if row["ended_at"] else None,
+        "failed_expectations": list(row["failed_expectations"] or []),
+        "message": (row["message"] or "")[:1000],
+    }

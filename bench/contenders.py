@@ -55,6 +55,7 @@ for _p in (ROOT / "spark_jobs", ROOT / "plugins"):
 
 # -- environment ------------------------------------------------------------------
 
+
 def sources_yaml(names: list[str], merge_mode: str | None = None) -> str:
     lines = ["sources:"]
     for n in names:
@@ -108,6 +109,7 @@ def file_stats(paths: list[str]) -> tuple[int, int]:
 
 # -- the project ------------------------------------------------------------------
 
+
 def project_table(settings, source: str) -> str:
     return f"{settings.catalog_name}.{source}.{wl.TABLE}"
 
@@ -137,11 +139,18 @@ def project_apply(spark, settings, source: str, paths: list[str], *, profile_to:
     _job_group(spark, "bench")
     if result.status != "complete":
         raise RuntimeError(f"project batch on {source} ended {result.status}: {result.message}")
-    out = {"seconds": seconds, "status": result.status, "batch_id": result.batch_id, "messages": result.messages,
-           "tables": [{"table": t.table, "status": t.status, "counts": t.counts} for t in result.tables]}
+    out = {
+        "seconds": seconds,
+        "status": result.status,
+        "batch_id": result.batch_id,
+        "messages": result.messages,
+        "tables": [{"table": t.table, "status": t.status, "counts": t.counts} for t in result.tables],
+    }
     if prof:
         s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(r"cdc_apply|great_expectations/checkpoint|pyiceberg/table/__init__", 40)
+        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(
+            r"cdc_apply|great_expectations/checkpoint|pyiceberg/table/__init__", 40
+        )
         profile_to.write_text(s.getvalue())
         out["cprofile_file"] = str(profile_to)
     return out
@@ -202,6 +211,7 @@ def _append_typed(spark, ident: str, df, extra: dict[str, str]) -> None:
 
 # -- the textbook Spark pattern ---------------------------------------------------
 
+
 def textbook_source(spark, paths: list[str]):
     """spark.read.json (schema inference) -> latest event per key by LSN."""
     from pyspark.sql import functions as F
@@ -216,7 +226,9 @@ def textbook_source(spark, paths: list[str]):
     if isinstance(before, StructType) and wl.KEY in before.fieldNames():
         key = F.coalesce(key, F.col(f"before.{wl.KEY}"))
     data_cols = [c for c in after.fieldNames() if c != wl.KEY]
-    ev = p.select(F.col("op").alias("_op"), F.col("source.lsn").alias("_lsn"), key.alias(wl.KEY), *[F.col(f"after.{c}").alias(c) for c in data_cols])
+    ev = p.select(
+        F.col("op").alias("_op"), F.col("source.lsn").alias("_lsn"), key.alias(wl.KEY), *[F.col(f"after.{c}").alias(c) for c in data_cols]
+    )
     w = Window.partitionBy(wl.KEY).orderBy(F.col("_lsn").desc())
     return ev.withColumn("_rn", F.row_number().over(w)).where("_rn = 1").drop("_rn"), [wl.KEY] + data_cols
 
@@ -229,7 +241,7 @@ def textbook_merge(spark, table: str, paths: list[str]) -> None:
         MERGE INTO {table} t USING _textbook_src s ON t.`{wl.KEY}` = s.`{wl.KEY}`
         WHEN MATCHED AND s._op = 'd' THEN DELETE
         WHEN MATCHED THEN UPDATE SET {sets}
-        WHEN NOT MATCHED AND s._op <> 'd' THEN INSERT ({', '.join(f'`{c}`' for c in cols)}) VALUES ({', '.join(f's.`{c}`' for c in cols)})
+        WHEN NOT MATCHED AND s._op <> 'd' THEN INSERT ({", ".join(f"`{c}`" for c in cols)}) VALUES ({", ".join(f"s.`{c}`" for c in cols)})
     """)
     spark.catalog.dropTempView("_textbook_src")
 
@@ -258,7 +270,7 @@ def textbook_setup(spark, table: str, seed_path: Path, base_rows: int) -> float:
                 c = F.date_format(c, "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'")  # ZonedTimestamp: ISO text
             elif src_type.startswith("decimal") and isinstance(f.dataType, StringType):
                 scale = int(src_type.split(",")[1].rstrip(")"))  # base64 of the unscaled value, as in the JSON
-                c = F.base64(F.unhex(F.hex(F.expr(f"CAST(`{f.name}` * {10 ** scale} AS bigint)"))))
+                c = F.base64(F.unhex(F.hex(F.expr(f"CAST(`{f.name}` * {10**scale} AS bigint)"))))
             fixed.append(c.cast(f.dataType).alias(f.name))
         base.select(*fixed).writeTo(table).append()
     return time.perf_counter() - t0
@@ -316,13 +328,15 @@ def compact_in_python(paths: list[str]) -> tuple[list[dict], list[int], int]:
         if op == "d":
             deletes.append(key)
             continue
-        rows.append({
-            **row,
-            "amount": _decimal(row["amount"], 2),
-            "tax_rate": _decimal(row["tax_rate"], 4),
-            "created_at": dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=row["created_at"]),
-            "updated_at": dt.datetime.fromisoformat(row["updated_at"].replace("Z", "+00:00")),
-        })
+        rows.append(
+            {
+                **row,
+                "amount": _decimal(row["amount"], 2),
+                "tax_rate": _decimal(row["tax_rate"], 4),
+                "created_at": dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=row["created_at"]),
+                "updated_at": dt.datetime.fromisoformat(row["updated_at"].replace("Z", "+00:00")),
+            }
+        )
     return rows, deletes, events
 
 
@@ -339,16 +353,32 @@ def pyiceberg_child(args: argparse.Namespace) -> int:
     table = Ledger(Settings.from_env()).catalog.load_table(f"{PYICEBERG_TABLE}.{wl.TABLE}")
     arrow = pa.Table.from_pylist(rows, schema=table.schema().as_arrow())
     decode_seconds = time.perf_counter() - t_decode
-    print(json.dumps({"phase": "ready", "rows": len(rows), "deletes": len(deletes), "events": events, "decode_seconds": decode_seconds}), flush=True)
+    print(
+        json.dumps({"phase": "ready", "rows": len(rows), "deletes": len(deletes), "events": events, "decode_seconds": decode_seconds}),
+        flush=True,
+    )
     t0 = time.perf_counter()
     if deletes:
         table.delete(In(wl.KEY, deletes))
     res = table.upsert(arrow, join_cols=[wl.KEY])
     seconds = time.perf_counter() - t0
     live = table.refresh().scan(selected_fields=(wl.KEY,)).to_arrow().num_rows
-    print(json.dumps({"phase": "done", "seconds": seconds, "rows_updated": res.rows_updated, "rows_inserted": res.rows_inserted,
-                      "rows": len(rows), "deletes": len(deletes), "events": events, "decode_seconds": decode_seconds,
-                      "rows_after": live}), flush=True)
+    print(
+        json.dumps(
+            {
+                "phase": "done",
+                "seconds": seconds,
+                "rows_updated": res.rows_updated,
+                "rows_inserted": res.rows_inserted,
+                "rows": len(rows),
+                "deletes": len(deletes),
+                "events": events,
+                "decode_seconds": decode_seconds,
+                "rows_after": live,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
@@ -358,8 +388,14 @@ def pyiceberg_apply(env: dict[str, str], paths: list[str], timeout: float, workd
     files_json = workdir / "pyiceberg_files.json"
     files_json.write_text(json.dumps(paths))
     cmd = [sys.executable, "-m", "bench.contenders", "pyiceberg-child", "--files-json", str(files_json)]
-    proc = subprocess.Popen(cmd, cwd=workdir, env={**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "spark_jobs"), os.environ.get("PYTHONPATH", "")])},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=workdir,
+        env={**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "spark_jobs"), os.environ.get("PYTHONPATH", "")])},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     ready_at = None
     lines: list[dict] = []
 
@@ -393,12 +429,19 @@ def pyiceberg_apply(env: dict[str, str], paths: list[str], timeout: float, workd
     if done:
         return {**done[0], "timed_out": False}
     if ready and proc.returncode is not None and ready_at is not None and time.perf_counter() - ready_at >= timeout:
-        return {"seconds": timeout, "timed_out": True, "events": ready[0]["events"], "rows": ready[0]["rows"], "deletes": ready[0]["deletes"],
-                "decode_seconds": ready[0]["decode_seconds"]}
+        return {
+            "seconds": timeout,
+            "timed_out": True,
+            "events": ready[0]["events"],
+            "rows": ready[0]["rows"],
+            "deletes": ready[0]["deletes"],
+            "decode_seconds": ready[0]["decode_seconds"],
+        }
     raise RuntimeError(f"pyiceberg child failed (rc={proc.returncode}): {proc.stderr.read()[-3000:]}")
 
 
 # -- the decode limit -------------------------------------------------------------
+
 
 def _parse_file(path: str) -> tuple[int, int]:
     data = Path(path).read_bytes()
@@ -443,7 +486,7 @@ def _payload_file(path: str) -> tuple[int, int]:
         if plan is None:
             fast.line(path, number, buf, start, end)
         else:
-            plan.payload.decode(memoryview(buf)[cut:end - 1])
+            plan.payload.decode(memoryview(buf)[cut : end - 1])
         n += 1
     return n, Path(path).stat().st_size
 
@@ -479,12 +522,19 @@ def decode_stage(spark, paths: list[str], runs: int) -> dict[str, Any]:
             seconds[mode].append(time.perf_counter() - t)
             df.unpersist()
     med = {m: sorted(v)[len(v) // 2] for m, v in seconds.items()}
-    return {"rows": rows, "exact_seconds": round(med["exact"], 3), "fast_seconds": round(med["fast"], 3), "runs": runs,
-            "exact_runs": [round(x, 2) for x in seconds["exact"]], "fast_runs": [round(x, 2) for x in seconds["fast"]],
-            "ratio": round(med["exact"] / med["fast"], 3)}
+    return {
+        "rows": rows,
+        "exact_seconds": round(med["exact"], 3),
+        "fast_seconds": round(med["fast"], 3),
+        "runs": runs,
+        "exact_runs": [round(x, 2) for x in seconds["exact"]],
+        "fast_runs": [round(x, 2) for x in seconds["fast"]],
+        "ratio": round(med["exact"] / med["fast"], 3),
+    }
 
 
 # -- spark-submit ------------------------------------------------------------------
+
 
 def _run_sampled(cmd: list[str], env: dict[str, str], log: Path, *, sample_rss: bool = False, interval: float = 0.1) -> dict[str, Any]:
     # cwd: the log's folder (a JVM crash writes hs_err_pid*.log into the cwd)
@@ -507,15 +557,18 @@ def _run_sampled(cmd: list[str], env: dict[str, str], log: Path, *, sample_rss: 
     if proc.returncode != 0:
         text = log.read_text(errors="replace")
         oom = "java.lang.OutOfMemoryError" in text
-        raise RuntimeError(f"{Path(cmd[0]).name} exited {proc.returncode}{' (java.lang.OutOfMemoryError in the JVM)' if oom else ''}; log {log}")
+        raise RuntimeError(
+            f"{Path(cmd[0]).name} exited {proc.returncode}{' (java.lang.OutOfMemoryError in the JVM)' if oom else ''}; log {log}"
+        )
     out: dict[str, Any] = {"seconds": seconds}
     if sample_rss:
         out.update(peak_rss_bytes=peak, at_peak_mb={k: round(v / 2**20, 1) for k, v in split.items()})
     return out
 
 
-def spark_submit_job(source: str, paths: list[str], workdir: Path, master: str, tag: str, *, sample_rss: bool = True,
-                     driver_memory: str | None = None) -> dict[str, Any]:
+def spark_submit_job(
+    source: str, paths: list[str], workdir: Path, master: str, tag: str, *, sample_rss: bool = True, driver_memory: str | None = None
+) -> dict[str, Any]:
     """``spark-submit spark_jobs/apply_batch.py apply --source S --files-from M``
     exactly as the DAG's ``apply`` task runs it (conf / jars / py-files from
     ``submit_spec()``, manifest written as discovery writes it); wall time
@@ -529,9 +582,23 @@ def spark_submit_job(source: str, paths: list[str], workdir: Path, master: str, 
         cmd = [spark_submit_bin(), "--master", master] + (["--driver-memory", driver_memory] if driver_memory else [])
         for k, v in conf.items():
             cmd += ["--conf", f"{k}={v}"]
-        cmd += ["--jars", ",".join(s.jars), "--py-files", s.py_files, "--name", f"cdc_apply_{source}",
-                str(ROOT / "spark_jobs" / "apply_batch.py"), "apply", "--source", source,
-                "--files-from", str(manifest), "--result-file", str(result_file), "--max-files=0"]
+        cmd += [
+            "--jars",
+            ",".join(s.jars),
+            "--py-files",
+            s.py_files,
+            "--name",
+            f"cdc_apply_{source}",
+            str(ROOT / "spark_jobs" / "apply_batch.py"),
+            "apply",
+            "--source",
+            source,
+            "--files-from",
+            str(manifest),
+            "--result-file",
+            str(result_file),
+            "--max-files=0",
+        ]
         run = _run_sampled(cmd, env, workdir / f"{tag}_spark_submit.log", sample_rss=sample_rss)
         opts = conf.get("spark.driver.extraJavaOptions") or ""
         run["class_archive"] = "used" if "SharedArchiveFile=" in opts else "written" if "ArchiveClassesAtExit=" in opts else "none"
@@ -556,6 +623,7 @@ def spark_submit_bare(workdir: Path, master: str) -> dict[str, Any]:
 
 # -- Spark Connect: the DAG's tasks on a long-lived driver -------------------------------------
 
+
 def connect_job(source: str, paths: list[str], workdir: Path, url: str, tag: str, sources_file: Path | None = None) -> dict[str, Any]:
     """What a DAG task does with a ``spark_connect`` connection: the job
     (``cdc apply --files-from M``) as a Spark Connect client of the server;
@@ -563,7 +631,18 @@ def connect_job(source: str, paths: list[str], workdir: Path, url: str, tag: str
     manifest = workdir / f"{tag}_files.json"
     manifest.write_text(json.dumps(wl.manifest_entries(paths), indent=1))
     result_file = workdir / f"{tag}_result.json"
-    cmd = [sys.executable, "-m", "cdc_apply.cli", "apply", "--source", source, "--files-from", str(manifest), "--result-file", str(result_file)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cdc_apply.cli",
+        "apply",
+        "--source",
+        source,
+        "--files-from",
+        str(manifest),
+        "--result-file",
+        str(result_file),
+    ]
     env = {**os.environ, "CDC_SPARK_REMOTE": url, **({"CDC_SOURCES_FILE": str(sources_file)} if sources_file else {})}
     run = _run_sampled(cmd, env, workdir / f"{tag}_connect.log")
     result = json.loads(result_file.read_text())
@@ -573,6 +652,7 @@ def connect_job(source: str, paths: list[str], workdir: Path, url: str, tag: str
 
 
 # -- peak RSS of a process tree ------------------------------------------------------
+
 
 def _tree_rss(proc) -> tuple[int, dict[str, int]]:
     """Summed RSS of a process and its descendants, and the split by kind."""
@@ -591,13 +671,24 @@ def _tree_rss(proc) -> tuple[int, dict[str, int]]:
             cmd = " ".join(p.cmdline()[:4])
         except psutil.Error:
             continue
-        kind = "jvm" if "java" in name else ("python_workers" if "pyspark.daemon" in cmd or "pyspark.worker" in cmd else "python_driver" if p.pid == proc.pid else "other")
+        kind = (
+            "jvm"
+            if "java" in name
+            else (
+                "python_workers"
+                if "pyspark.daemon" in cmd or "pyspark.worker" in cmd
+                else "python_driver"
+                if p.pid == proc.pid
+                else "other"
+            )
+        )
         split[kind] = split.get(kind, 0) + rss
         total += rss
     return total, split
 
 
 # -- Spark profile (stage/job timings through the UI's REST API) ---------------------
+
 
 def spark_jobs_profile(spark, group: str, wall_seconds: float | None = None) -> dict[str, Any]:
     """Where the time of one job group went, from the Spark UI's REST API:
@@ -637,16 +728,18 @@ def spark_jobs_profile(spark, group: str, wall_seconds: float | None = None) -> 
         st = [stages[i] for i in j.get("stageIds", []) if i in stages]
         e = job_exec.get(j["jobId"])
         what = " ".join(((e or {}).get("description") or j.get("name") or "?").split())[:160]
-        rows.append({
-            "job": j["jobId"],
-            "what": what,
-            "callsite": j.get("name"),
-            "seconds": round((end - start), 3) if start and end else 0.0,
-            "tasks": j.get("numTasks"),
-            "executor_run_seconds": round(sum(x.get("executorRunTime", 0) for x in st) / 1000, 3),
-            "input_mb": round(sum(x.get("inputBytes", 0) for x in st) / 1e6, 2),
-            "shuffle_write_mb": round(sum(x.get("shuffleWriteBytes", 0) for x in st) / 1e6, 2),
-        })
+        rows.append(
+            {
+                "job": j["jobId"],
+                "what": what,
+                "callsite": j.get("name"),
+                "seconds": round((end - start), 3) if start and end else 0.0,
+                "tasks": j.get("numTasks"),
+                "executor_run_seconds": round(sum(x.get("executorRunTime", 0) for x in st) / 1000, 3),
+                "input_mb": round(sum(x.get("inputBytes", 0) for x in st) / 1e6, 2),
+                "shuffle_write_mb": round(sum(x.get("shuffleWriteBytes", 0) for x in st) / 1e6, 2),
+            }
+        )
     busy, cur = 0.0, None
     for a, b in sorted(intervals):
         if cur is None or a > cur[1]:
@@ -667,7 +760,9 @@ def spark_jobs_profile(spark, group: str, wall_seconds: float | None = None) -> 
         "jobs": len(rows),
         "job_seconds_total": round(sum(r["seconds"] for r in rows), 3),
         "seconds_with_jobs_running": round(busy, 3),
-        "by_statement": dict(sorted(((k, {kk: round(vv, 3) for kk, vv in v.items()}) for k, v in by_what.items()), key=lambda kv: -kv[1]["seconds"])),
+        "by_statement": dict(
+            sorted(((k, {kk: round(vv, 3) for kk, vv in v.items()}) for k, v in by_what.items()), key=lambda kv: -kv[1]["seconds"])
+        ),
         "longest_jobs": sorted(rows, key=lambda r: -r["seconds"])[:15],
     }
     if wall_seconds:

@@ -31,12 +31,45 @@ from . import workload as wl
 
 PRESETS: dict[str, dict[str, Any]] = {
     # toy sizes: every contender and figure, well under 2 minutes
-    "tiny": dict(events=2_000, base_rows=5_000, events_per_file=500, scale_events=2_000, scale_small_rows=5_000,
-                 scale_large_rows=50_000, hourly_events=1_000, rss_events=1_000, rss_runs=1, pyiceberg_cap=2_000, pyiceberg_timeout=120),
-    "small": dict(events=100_000, base_rows=1_000_000, events_per_file=20_000, scale_events=100_000, scale_small_rows=1_000_000,
-                  scale_large_rows=10_000_000, hourly_events=1_000, rss_events=20_000, rss_runs=3, pyiceberg_cap=100_000, pyiceberg_timeout=600),
-    "full": dict(events=1_000_000, base_rows=1_000_000, events_per_file=20_000, scale_events=100_000, scale_small_rows=1_000_000,
-                 scale_large_rows=10_000_000, hourly_events=1_000, rss_events=100_000, rss_runs=3, pyiceberg_cap=100_000, pyiceberg_timeout=900),
+    "tiny": dict(
+        events=2_000,
+        base_rows=5_000,
+        events_per_file=500,
+        scale_events=2_000,
+        scale_small_rows=5_000,
+        scale_large_rows=50_000,
+        hourly_events=1_000,
+        rss_events=1_000,
+        rss_runs=1,
+        pyiceberg_cap=2_000,
+        pyiceberg_timeout=120,
+    ),
+    "small": dict(
+        events=100_000,
+        base_rows=1_000_000,
+        events_per_file=20_000,
+        scale_events=100_000,
+        scale_small_rows=1_000_000,
+        scale_large_rows=10_000_000,
+        hourly_events=1_000,
+        rss_events=20_000,
+        rss_runs=3,
+        pyiceberg_cap=100_000,
+        pyiceberg_timeout=600,
+    ),
+    "full": dict(
+        events=1_000_000,
+        base_rows=1_000_000,
+        events_per_file=20_000,
+        scale_events=100_000,
+        scale_small_rows=1_000_000,
+        scale_large_rows=10_000_000,
+        hourly_events=1_000,
+        rss_events=100_000,
+        rss_runs=3,
+        pyiceberg_cap=100_000,
+        pyiceberg_timeout=900,
+    ),
 }
 
 # name, figure key, comparison, threshold, description
@@ -51,7 +84,12 @@ TARGETS = [
     ("rss_ratio", "<=", 1.2, "peak RSS (whole process tree) of a 5x batch / of a 1x batch"),
     ("decode_speedup", ">=", 4.0, "decode stage (decode_batch + persist), exact decoder seconds / fast path seconds, same files"),
     ("decode_vs_payload_limit", ">=", 0.5, "fast decode stage events/s / payload-only limit events/s (aim: within 2x)"),
-    ("project_vs_python_pipeline", ">=", 1.0, "project events/s / Python-only pipeline (orjson decode + compaction + pyiceberg upsert) events/s"),
+    (
+        "project_vs_python_pipeline",
+        ">=",
+        1.0,
+        "project events/s / Python-only pipeline (orjson decode + compaction + pyiceberg upsert) events/s",
+    ),
 ]
 
 
@@ -82,13 +120,23 @@ def machine_facts(settings) -> dict[str, Any]:
 
 def _vs_bare(job: dict, bare: dict, **fields) -> dict:
     """A timed job against the bare spark-submit of the same run."""
-    return {**fields, "job_seconds": round(job["seconds"], 3), "bare_seconds": round(bare["seconds"], 3),
-            "ratio": round(job["seconds"] / bare["seconds"], 3)}
+    return {
+        **fields,
+        "job_seconds": round(job["seconds"], 3),
+        "bare_seconds": round(bare["seconds"], 3),
+        "ratio": round(job["seconds"] / bare["seconds"], 3),
+    }
 
 
 def _rate(events: int, nbytes: int, seconds: float) -> dict[str, float]:
-    return {"events": events, "bytes": nbytes, "mb": round(nbytes / 1e6, 2), "seconds": round(seconds, 3),
-            "events_per_s": round(events / seconds, 1), "mb_per_s": round(nbytes / 1e6 / seconds, 3)}
+    return {
+        "events": events,
+        "bytes": nbytes,
+        "mb": round(nbytes / 1e6, 2),
+        "seconds": round(seconds, 3),
+        "events_per_s": round(events / seconds, 1),
+        "mb_per_s": round(nbytes / 1e6 / seconds, 3),
+    }
 
 
 def _pick_capped(files: wl.WorkloadFiles, cap: int) -> list[str]:
@@ -120,10 +168,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workdir", help="keep data, catalog and logs here (default: a temporary folder, removed)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
     p.add_argument("--profile", action="store_true", help="cProfile the driver during the project's main batch")
-    p.add_argument("--dag-driver-memory", help="add --driver-memory to the DAG job's spark-submit (hourly and RSS runs); "
-                   "default: none, exactly as the DAG submits (CDC_SPARK_DRIVER_MEMORY, default 3g)")
-    p.add_argument("--skip", action="append", default=[], choices=["textbook", "pyiceberg", "table_size", "hourly", "hourly_connect", "rss", "decode"],
-                   help="leave a contender out (its figures are then missing)")
+    p.add_argument(
+        "--dag-driver-memory",
+        help="add --driver-memory to the DAG job's spark-submit (hourly and RSS runs); "
+        "default: none, exactly as the DAG submits (CDC_SPARK_DRIVER_MEMORY, default 3g)",
+    )
+    p.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=["textbook", "pyiceberg", "table_size", "hourly", "hourly_connect", "rss", "decode"],
+        help="leave a contender out (its figures are then missing)",
+    )
     for k, v in PRESETS["tiny"].items():
         p.add_argument("--" + k.replace("_", "-"), type=type(v), help=f"override the preset's {k}")
     args = p.parse_args(argv)
@@ -157,11 +213,19 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     from cdc_apply.config import Settings
 
     settings = Settings.from_env()
-    out: dict[str, Any] = {"scale": args.scale, "params": {k: getattr(args, k) for k in PRESETS["tiny"]} | {"seed": args.seed},
-                           "machine": machine_facts(settings), "setup_seconds": {}, "contenders": {}, "notes": []}
+    out: dict[str, Any] = {
+        "scale": args.scale,
+        "params": {k: getattr(args, k) for k in PRESETS["tiny"]} | {"seed": args.seed},
+        "machine": machine_facts(settings),
+        "setup_seconds": {},
+        "contenders": {},
+        "notes": [],
+    }
     m = out["machine"]
-    say(f"machine: {m['cores']} cores, {m['memory_gb']} GB, Python {m['python']}, pyspark {m['pyspark']}, "
-        f"pyiceberg {m['pyiceberg']}, {m['iceberg_jar']}, {m['java']}")
+    say(
+        f"machine: {m['cores']} cores, {m['memory_gb']} GB, Python {m['python']}, pyspark {m['pyspark']}, "
+        f"pyiceberg {m['pyiceberg']}, {m['iceberg_jar']}, {m['java']}"
+    )
 
     # -- workload -------------------------------------------------------------------
     t = time.perf_counter()
@@ -172,8 +236,13 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     # the DAG's first spark-submit job (it writes the driver's class archive), then the timed one; both continue main's history
     hourly_first_files = main_wl.write(data / "hourly_first", args.hourly_events, args.events_per_file)
     hourly_files = main_wl.write(data / "hourly", args.hourly_events, args.events_per_file)
-    scale_files = main_files if reuse_scale else wl.Workload(seed=args.seed + 1, base_rows=args.scale_small_rows, insert_slot=2).write(
-        data / "scale", args.scale_events, args.events_per_file)
+    scale_files = (
+        main_files
+        if reuse_scale
+        else wl.Workload(seed=args.seed + 1, base_rows=args.scale_small_rows, insert_slot=2).write(
+            data / "scale", args.scale_events, args.events_per_file
+        )
+    )
     # RSS batches continue the same history after the hourly one (applied to the same table, in
     # order: 1x, 5x, 1x, 5x, ...; each run its own files, as a batch is applied once)
     reuse_rss = args.rss_events == args.hourly_events and args.rss_runs == 1
@@ -187,10 +256,18 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     connect_batches = [main_wl.write(data / f"connect_{i}", args.hourly_events, args.events_per_file) for i in range(4)]
     pyice_paths = _pick_capped(main_files, args.pyiceberg_cap)
     out["setup_seconds"]["generate_files"] = round(time.perf_counter() - t, 2)
-    out["workload"] = {"main": main_files.as_dict(), "hourly_first": hourly_first_files.as_dict(), "hourly": hourly_files.as_dict(), "scale": scale_files.as_dict(),
-                       "rss_1x": rss1.as_dict(), "rss_5x": rss5.as_dict()}
-    say(f"workload: {main_files.events} events, {main_files.bytes / 1e6:.1f} MB in {len(main_files.paths)} files, ops {main_files.ops}, "
-        f"{main_files.pk_changes} PK changes ({out['setup_seconds']['generate_files']}s)")
+    out["workload"] = {
+        "main": main_files.as_dict(),
+        "hourly_first": hourly_first_files.as_dict(),
+        "hourly": hourly_files.as_dict(),
+        "scale": scale_files.as_dict(),
+        "rss_1x": rss1.as_dict(),
+        "rss_5x": rss5.as_dict(),
+    }
+    say(
+        f"workload: {main_files.events} events, {main_files.bytes / 1e6:.1f} MB in {len(main_files.paths)} files, ops {main_files.ops}, "
+        f"{main_files.pk_changes} PK changes ({out['setup_seconds']['generate_files']}s)"
+    )
 
     # -- base tables ------------------------------------------------------------------
     from cdc_apply.runtime.session import get_spark
@@ -209,7 +286,9 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         say(f"pyiceberg table: {args.base_rows} rows ({setup['pyiceberg_table']}s)")
     if "table_size" not in args.skip:
         if not reuse_scale:
-            setup["scale_small_table"] = round(C.project_setup(spark, settings, "bench_s", seed_path, args.scale_small_rows, via_seed=False), 2)
+            setup["scale_small_table"] = round(
+                C.project_setup(spark, settings, "bench_s", seed_path, args.scale_small_rows, via_seed=False), 2
+            )
         setup["scale_large_table"] = round(C.project_setup(spark, settings, "bench_l", seed_path, args.scale_large_rows, via_seed=False), 2)
         say(f"table-size tables: {args.scale_small_rows} / {args.scale_large_rows} rows")
 
@@ -239,7 +318,10 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     # -- (1) the project ---------------------------------------------------------------
     prof = workdir / "project_cprofile.txt" if args.profile else None
     p = C.project_apply(spark, settings, "bench", main_files.paths, profile_to=prof)
-    res["project"] = _rate(main_events, main_bytes, p["seconds"]) | {"target_rows": args.base_rows, "counts": p["tables"][0]["counts"] if p["tables"] else {}}
+    res["project"] = _rate(main_events, main_bytes, p["seconds"]) | {
+        "target_rows": args.base_rows,
+        "counts": p["tables"][0]["counts"] if p["tables"] else {},
+    }
     try:
         out["project_profile"] = C.spark_jobs_profile(spark, "project:bench", p["seconds"])
     except Exception as exc:  # the profile is a bonus
@@ -268,32 +350,50 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
             pe, pb = C.file_stats(pyice_paths)
             pi = C.pyiceberg_apply(env, pyice_paths, args.pyiceberg_timeout, workdir)
             res["pyiceberg"] = _rate(pe, pb, pi["seconds"]) | {
-                "capped_to_events": pe, "timed_out": pi["timed_out"], "target_rows": args.base_rows,
-                "upsert_rows": pi.get("rows"), "rows_updated": pi.get("rows_updated"), "rows_inserted": pi.get("rows_inserted"),
-                "deletes": pi.get("deletes"), "rows_after": pi.get("rows_after"),
+                "capped_to_events": pe,
+                "timed_out": pi["timed_out"],
+                "target_rows": args.base_rows,
+                "upsert_rows": pi.get("rows"),
+                "rows_updated": pi.get("rows_updated"),
+                "rows_inserted": pi.get("rows_inserted"),
+                "deletes": pi.get("deletes"),
+                "rows_after": pi.get("rows_after"),
                 "decode_compact_seconds": round(pi["decode_seconds"], 3),
-                "with_decode": _rate(pe, pb, pi["seconds"] + pi["decode_seconds"])}
+                "with_decode": _rate(pe, pb, pi["seconds"] + pi["decode_seconds"]),
+            }
             if pe < main_events:
-                out["notes"].append(f"pyiceberg upsert measured on the first {pe} events ({len(pyice_paths)} files) of the batch (cap {args.pyiceberg_cap}); "
-                                    "its rate is compared with the project's rate on the whole batch")
+                out["notes"].append(
+                    f"pyiceberg upsert measured on the first {pe} events ({len(pyice_paths)} files) of the batch (cap {args.pyiceberg_cap}); "
+                    "its rate is compared with the project's rate on the whole batch"
+                )
             if pi["timed_out"]:
                 out["notes"].append(f"pyiceberg upsert did not finish within {args.pyiceberg_timeout}s: its rate is an upper bound")
-            say(f"pyiceberg: {res['pyiceberg']['events_per_s']:.0f} events/s ({pi['seconds']:.1f}s{', TIMED OUT' if pi['timed_out'] else ''})")
+            say(
+                f"pyiceberg: {res['pyiceberg']['events_per_s']:.0f} events/s ({pi['seconds']:.1f}s{', TIMED OUT' if pi['timed_out'] else ''})"
+            )
 
     # -- same batch into a small vs a large table -----------------------------------------
     if "table_size" not in args.skip:
         with section("table_size"):
-            se, sb = C.file_stats(scale_files.paths)
+            se, _sb = C.file_stats(scale_files.paths)
             if reuse_scale:
                 small_s = p["seconds"]
             else:
                 small_s = C.project_apply(spark, settings, "bench_s", scale_files.paths)["seconds"]
             large_s = C.project_apply(spark, settings, "bench_l", scale_files.paths)["seconds"]
-            out["table_size"] = {"events": se, "small_rows": args.scale_small_rows, "large_rows": args.scale_large_rows,
-                                 "small_seconds": round(small_s, 3), "large_seconds": round(large_s, 3), "ratio": round(large_s / small_s, 3)}
+            out["table_size"] = {
+                "events": se,
+                "small_rows": args.scale_small_rows,
+                "large_rows": args.scale_large_rows,
+                "small_seconds": round(small_s, 3),
+                "large_seconds": round(large_s, 3),
+                "ratio": round(large_s / small_s, 3),
+            }
             with contextlib.suppress(Exception):  # the profiles are a bonus: where the large table's extra seconds go
-                out["table_size"]["profiles"] = {n: C.spark_jobs_profile(spark, f"project:{n}", secs)["by_statement"]
-                                                 for n, secs in (("bench" if reuse_scale else "bench_s", small_s), ("bench_l", large_s))}
+                out["table_size"]["profiles"] = {
+                    n: C.spark_jobs_profile(spark, f"project:{n}", secs)["by_statement"]
+                    for n, secs in (("bench" if reuse_scale else "bench_s", small_s), ("bench_l", large_s))
+                }
             say(f"table size: {small_s:.1f}s into {args.scale_small_rows} rows, {large_s:.1f}s into {args.scale_large_rows} rows")
 
     # -- hourly batch through spark-submit vs bare spark-submit ---------------------------------
@@ -303,38 +403,69 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     if "hourly" not in args.skip or "rss" not in args.skip:
         with section("hourly_first"):
             # as after a deployment: the first job writes the driver's class archive (cdc_apply/class_archive.py)
-            first_job = C.spark_submit_job("bench", hourly_first_files.paths, workdir, master, "hourly_first", sample_rss=False,
-                                           driver_memory=args.dag_driver_memory)
+            first_job = C.spark_submit_job(
+                "bench", hourly_first_files.paths, workdir, master, "hourly_first", sample_rss=False, driver_memory=args.dag_driver_memory
+            )
             say(f"hourly: the first DAG job (writes the driver's class archive) {first_job['seconds']:.1f}s")
     if "hourly" not in args.skip:
         with section("hourly"):
             bare = C.spark_submit_bare(workdir, master)
-            job = C.spark_submit_job("bench", hourly_files.paths, workdir, master, "hourly", sample_rss=reuse_rss and "rss" not in args.skip,
-                                     driver_memory=args.dag_driver_memory)
+            job = C.spark_submit_job(
+                "bench",
+                hourly_files.paths,
+                workdir,
+                master,
+                "hourly",
+                sample_rss=reuse_rss and "rss" not in args.skip,
+                driver_memory=args.dag_driver_memory,
+            )
             he, hb = C.file_stats(hourly_files.paths)
-            out["hourly"] = _vs_bare(job, bare, events=he, bytes=hb, target_rows=f"the bench table ({args.base_rows} base rows) after the main batch",
-                                     master=master, first_batch_seconds=round(first_job["seconds"], 3) if first_job else None,
-                                     class_archive=job["class_archive"], first_batch_class_archive=first_job["class_archive"] if first_job else None)
+            out["hourly"] = _vs_bare(
+                job,
+                bare,
+                events=he,
+                bytes=hb,
+                target_rows=f"the bench table ({args.base_rows} base rows) after the main batch",
+                master=master,
+                first_batch_seconds=round(first_job["seconds"], 3) if first_job else None,
+                class_archive=job["class_archive"],
+                first_batch_class_archive=first_job["class_archive"] if first_job else None,
+            )
             say(f"hourly: job {job['seconds']:.1f}s vs bare spark-submit {bare['seconds']:.1f}s")
     if "rss" not in args.skip:
         with section("rss"):
             runs_1x, runs_5x = [], []
             for i, (files_1x, files_5x) in enumerate(rss_batches):
-                runs_1x.append(job if (reuse_rss and job is not None) else
-                               C.spark_submit_job("bench", files_1x.paths, workdir, master, f"rss_1x_{i}", driver_memory=args.dag_driver_memory))
-                runs_5x.append(C.spark_submit_job("bench", files_5x.paths, workdir, master, f"rss_5x_{i}", driver_memory=args.dag_driver_memory))
+                runs_1x.append(
+                    job
+                    if (reuse_rss and job is not None)
+                    else C.spark_submit_job("bench", files_1x.paths, workdir, master, f"rss_1x_{i}", driver_memory=args.dag_driver_memory)
+                )
+                runs_5x.append(
+                    C.spark_submit_job("bench", files_5x.paths, workdir, master, f"rss_5x_{i}", driver_memory=args.dag_driver_memory)
+                )
             r1, r5 = _median_run(runs_1x), _median_run(runs_5x)
-            out["rss"] = {"events_1x": rss1.events, "events_5x": rss5.events, "runs": len(rss_batches),
-                          "peak_rss_1x_mb": round(r1["peak_rss_bytes"] / 2**20, 1),
-                          "peak_rss_5x_mb": round(r5["peak_rss_bytes"] / 2**20, 1), "ratio": round(r5["peak_rss_bytes"] / r1["peak_rss_bytes"], 3),
-                          "runs_1x_mb": [round(r["peak_rss_bytes"] / 2**20, 1) for r in runs_1x],
-                          "runs_5x_mb": [round(r["peak_rss_bytes"] / 2**20, 1) for r in runs_5x],
-                          "split_1x_mb": r1["at_peak_mb"], "split_5x_mb": r5["at_peak_mb"], "seconds_1x": round(r1["seconds"], 2), "seconds_5x": round(r5["seconds"], 2),
-                          "measured": "the DAG's spark-submit job, one process tree per batch (launcher + JVM driver + Python driver + "
-                                      "Python workers), summed RSS sampled every 0.1 s; the median of the runs (the JVM's heap sizing "
-                                      "moves one run's peak by +-15 %)" + ("; the 1x batch is the hourly batch" if reuse_rss else ""),
-                          "driver_memory": args.dag_driver_memory or "as the DAG (CDC_SPARK_DRIVER_MEMORY, default 3g)"}
-            say(f"rss: {out['rss']['peak_rss_1x_mb']} MB (1x) vs {out['rss']['peak_rss_5x_mb']} MB (5x), median of {len(rss_batches)} run(s) each")
+            out["rss"] = {
+                "events_1x": rss1.events,
+                "events_5x": rss5.events,
+                "runs": len(rss_batches),
+                "peak_rss_1x_mb": round(r1["peak_rss_bytes"] / 2**20, 1),
+                "peak_rss_5x_mb": round(r5["peak_rss_bytes"] / 2**20, 1),
+                "ratio": round(r5["peak_rss_bytes"] / r1["peak_rss_bytes"], 3),
+                "runs_1x_mb": [round(r["peak_rss_bytes"] / 2**20, 1) for r in runs_1x],
+                "runs_5x_mb": [round(r["peak_rss_bytes"] / 2**20, 1) for r in runs_5x],
+                "split_1x_mb": r1["at_peak_mb"],
+                "split_5x_mb": r5["at_peak_mb"],
+                "seconds_1x": round(r1["seconds"], 2),
+                "seconds_5x": round(r5["seconds"], 2),
+                "measured": "the DAG's spark-submit job, one process tree per batch (launcher + JVM driver + Python driver + "
+                "Python workers), summed RSS sampled every 0.1 s; the median of the runs (the JVM's heap sizing "
+                "moves one run's peak by +-15 %)" + ("; the 1x batch is the hourly batch" if reuse_rss else ""),
+                "driver_memory": args.dag_driver_memory or "as the DAG (CDC_SPARK_DRIVER_MEMORY, default 3g)",
+            }
+            say(
+                f"rss: {out['rss']['peak_rss_1x_mb']} MB (1x) vs {out['rss']['peak_rss_5x_mb']} MB (5x), median of {len(rss_batches)} run(s) each"
+            )
 
     spark.stop()
 
@@ -349,16 +480,28 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
                 mor_sources.write_text(C.sources_yaml(["bench"], merge_mode="merge-on-read"))
                 switch = C.connect_job("bench", connect_batches[2].paths, workdir, url, "connect_mor_switch", mor_sources)
                 mor = C.connect_job("bench", connect_batches[3].paths, workdir, url, "connect_mor", mor_sources)
-            out["hourly_connect"] = _vs_bare(warm, bare, events=connect_batches[1].events, first_batch_seconds=round(first["seconds"], 3),
-                                             measured="`cdc apply --files-from` as a Spark Connect client (what a DAG task runs in its "
-                                                      "process with a spark_connect connection): interpreter start, imports, the job; "
-                                                      "the server's second batch (its first is first_batch_seconds)")
-            say(f"hourly via Spark Connect: first batch {first['seconds']:.1f}s, next {warm['seconds']:.1f}s vs bare spark-submit {bare['seconds']:.1f}s")
-            out["hourly_connect_mor"] = _vs_bare(mor, bare, events=connect_batches[3].events, switch_batch_seconds=round(switch["seconds"], 3),
-                                                 switch_batch_schema_changes=switch["schema_changes"],
-                                                 measured="as hourly_connect, after it on the same server and table, with the source's "
-                                                          "merge_mode: merge-on-read (sources.yaml); the batch that switched the table is "
-                                                          "switch_batch_seconds, the next one is timed")
+            out["hourly_connect"] = _vs_bare(
+                warm,
+                bare,
+                events=connect_batches[1].events,
+                first_batch_seconds=round(first["seconds"], 3),
+                measured="`cdc apply --files-from` as a Spark Connect client (what a DAG task runs in its "
+                "process with a spark_connect connection): interpreter start, imports, the job; "
+                "the server's second batch (its first is first_batch_seconds)",
+            )
+            say(
+                f"hourly via Spark Connect: first batch {first['seconds']:.1f}s, next {warm['seconds']:.1f}s vs bare spark-submit {bare['seconds']:.1f}s"
+            )
+            out["hourly_connect_mor"] = _vs_bare(
+                mor,
+                bare,
+                events=connect_batches[3].events,
+                switch_batch_seconds=round(switch["seconds"], 3),
+                switch_batch_schema_changes=switch["schema_changes"],
+                measured="as hourly_connect, after it on the same server and table, with the source's "
+                "merge_mode: merge-on-read (sources.yaml); the batch that switched the table is "
+                "switch_batch_seconds, the next one is timed",
+            )
             say(f"hourly via Spark Connect, merge-on-read: switching batch {switch['seconds']:.1f}s, next {mor['seconds']:.1f}s")
 
     # -- figures -------------------------------------------------------------------------------
@@ -378,8 +521,13 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     prof = out.get("project_profile") or {}
     if "jobs" in prof:
         out["spark_jobs_per_batch"] = prof["jobs"]
-    for name, key in (("table_size_ratio", "table_size"), ("hourly_overhead_ratio", "hourly"), ("hourly_connect_ratio", "hourly_connect"),
-                      ("hourly_connect_mor_ratio", "hourly_connect_mor"), ("rss_ratio", "rss")):
+    for name, key in (
+        ("table_size_ratio", "table_size"),
+        ("hourly_overhead_ratio", "hourly"),
+        ("hourly_connect_ratio", "hourly_connect"),
+        ("hourly_connect_mor_ratio", "hourly_connect_mor"),
+        ("rss_ratio", "rss"),
+    ):
         if key in out:  # the figure's own record in the JSON carries its ratio
             ratios[name] = out[key]["ratio"]
     out["ratios"] = ratios
@@ -397,18 +545,44 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         "project_vs_python_pipeline": args.pyiceberg_cap >= 100_000 and args.base_rows >= 1_000_000,
     }
     out["targets"] = [
-        {"name": name, "value": ratios[name], "op": op, "threshold": thr, "status": _status(ratios[name], op, thr),
-         "at_spec_size": spec[name], "meaning": meaning}
-        for name, op, thr, meaning in TARGETS if name in ratios
+        {
+            "name": name,
+            "value": ratios[name],
+            "op": op,
+            "threshold": thr,
+            "status": _status(ratios[name], op, thr),
+            "at_spec_size": spec[name],
+            "meaning": meaning,
+        }
+        for name, op, thr, meaning in TARGETS
+        if name in ratios
     ]
-    section_of = {"project_vs_textbook": "textbook", "project_vs_pyiceberg": "pyiceberg", "table_size_ratio": "table_size",
-                  "hourly_overhead_ratio": "hourly", "hourly_connect_ratio": "hourly_connect",
-                  "hourly_connect_mor_ratio": "hourly_connect", "rss_ratio": "rss", "decode_speedup": "decode",
-                  "decode_vs_payload_limit": "decode", "project_vs_python_pipeline": "pyiceberg"}
+    section_of = {
+        "project_vs_textbook": "textbook",
+        "project_vs_pyiceberg": "pyiceberg",
+        "table_size_ratio": "table_size",
+        "hourly_overhead_ratio": "hourly",
+        "hourly_connect_ratio": "hourly_connect",
+        "hourly_connect_mor_ratio": "hourly_connect",
+        "rss_ratio": "rss",
+        "decode_speedup": "decode",
+        "decode_vs_payload_limit": "decode",
+        "project_vs_python_pipeline": "pyiceberg",
+    }
     for name, op, thr, meaning in TARGETS:
         if name not in ratios and section_of.get(name) in errors:
-            out["targets"].append({"name": name, "value": None, "op": op, "threshold": thr, "status": "ERROR",
-                                   "at_spec_size": spec[name], "meaning": meaning, "error": errors[section_of[name]][:300]})
+            out["targets"].append(
+                {
+                    "name": name,
+                    "value": None,
+                    "op": op,
+                    "threshold": thr,
+                    "status": "ERROR",
+                    "at_spec_size": spec[name],
+                    "meaning": meaning,
+                    "error": errors[section_of[name]][:300],
+                }
+            )
     out["total_seconds"] = round(time.perf_counter() - t_start, 1)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2, default=str))
@@ -429,53 +603,84 @@ def render(out: dict[str, Any]) -> str:
         "",
         f"{'contender':34} {'events':>9} {'MB':>9} {'seconds':>9} {'events/s':>11} {'MB/s':>9}",
     ]
-    names = {"project": "project run_batch (end to end)", "textbook": "textbook Spark read.json+MERGE",
-             "pyiceberg": "pyiceberg delete+upsert", "orjson_limit": f"orjson decode limit ({res['orjson_limit']['processes']} procs)",
-             "payload_limit": f"payload-only limit ({res['orjson_limit']['processes']} procs)"}
+    names = {
+        "project": "project run_batch (end to end)",
+        "textbook": "textbook Spark read.json+MERGE",
+        "pyiceberg": "pyiceberg delete+upsert",
+        "orjson_limit": f"orjson decode limit ({res['orjson_limit']['processes']} procs)",
+        "payload_limit": f"payload-only limit ({res['orjson_limit']['processes']} procs)",
+    }
     for k in ("project", "textbook", "pyiceberg", "orjson_limit", "payload_limit"):
         if k in res:
             r = res[k]
             flag = " (timed out: upper bound)" if r.get("timed_out") else ""
-            lines.append(f"{names[k]:34} {r['events']:>9} {r['mb']:>9.1f} {r['seconds']:>9.2f} {r['events_per_s']:>11.1f} {r['mb_per_s']:>9.2f}{flag}")
+            lines.append(
+                f"{names[k]:34} {r['events']:>9} {r['mb']:>9.1f} {r['seconds']:>9.2f} {r['events_per_s']:>11.1f} {r['mb_per_s']:>9.2f}{flag}"
+            )
             if k == "pyiceberg" and "with_decode" in r:
                 w = r["with_decode"]
-                lines.append(f"{'  + its Python decode/compact (1 proc)':34} {w['events']:>9} {w['mb']:>9.1f} {w['seconds']:>9.2f} {w['events_per_s']:>11.1f} {w['mb_per_s']:>9.2f}")
+                lines.append(
+                    f"{'  + its Python decode/compact (1 proc)':34} {w['events']:>9} {w['mb']:>9.1f} {w['seconds']:>9.2f} {w['events_per_s']:>11.1f} {w['mb_per_s']:>9.2f}"
+                )
     if "decode_stage" in out:
         d = out["decode_stage"]
-        lines.append(f"decode stage (decode_batch + persist, median of {d['runs']}): exact decoder {d['exact_seconds']:.2f}s, fast path {d['fast_seconds']:.2f}s")
+        lines.append(
+            f"decode stage (decode_batch + persist, median of {d['runs']}): exact decoder {d['exact_seconds']:.2f}s, fast path {d['fast_seconds']:.2f}s"
+        )
     if "spark_jobs_per_batch" in out:
         lines.append(f"Spark jobs per batch (the project's main batch): {out['spark_jobs_per_batch']}")
     if "table_size" in out:
         t = out["table_size"]
-        lines.append(f"table size: {t['events']} events -> {t['small_rows']} rows {t['small_seconds']:.2f}s, {t['large_rows']} rows {t['large_seconds']:.2f}s")
+        lines.append(
+            f"table size: {t['events']} events -> {t['small_rows']} rows {t['small_seconds']:.2f}s, {t['large_rows']} rows {t['large_seconds']:.2f}s"
+        )
     if "hourly" in out:
         h = out["hourly"]
-        first = f" (the first job, which writes the driver's class archive: {h['first_batch_seconds']:.2f}s)" if h.get("first_batch_seconds") else ""
-        lines.append(f"hourly: {h['events']}-event batch via spark-submit {h['job_seconds']:.2f}s{first}, bare spark-submit {h['bare_seconds']:.2f}s")
+        first = (
+            f" (the first job, which writes the driver's class archive: {h['first_batch_seconds']:.2f}s)"
+            if h.get("first_batch_seconds")
+            else ""
+        )
+        lines.append(
+            f"hourly: {h['events']}-event batch via spark-submit {h['job_seconds']:.2f}s{first}, bare spark-submit {h['bare_seconds']:.2f}s"
+        )
     if "hourly_connect" in out:
         h = out["hourly_connect"]
-        lines.append(f"hourly via Spark Connect: {h['events']}-event batch {h['job_seconds']:.2f}s (the server's first batch "
-                     f"{h['first_batch_seconds']:.2f}s), bare spark-submit {h['bare_seconds']:.2f}s")
+        lines.append(
+            f"hourly via Spark Connect: {h['events']}-event batch {h['job_seconds']:.2f}s (the server's first batch "
+            f"{h['first_batch_seconds']:.2f}s), bare spark-submit {h['bare_seconds']:.2f}s"
+        )
     if "hourly_connect_mor" in out:
         h = out["hourly_connect_mor"]
-        lines.append(f"hourly via Spark Connect, source merge_mode merge-on-read: {h['events']}-event batch {h['job_seconds']:.2f}s "
-                     f"(the batch that switched the table {h['switch_batch_seconds']:.2f}s)")
+        lines.append(
+            f"hourly via Spark Connect, source merge_mode merge-on-read: {h['events']}-event batch {h['job_seconds']:.2f}s "
+            f"(the batch that switched the table {h['switch_batch_seconds']:.2f}s)"
+        )
     if "rss" in out:
         r = out["rss"]
-        lines.append(f"peak RSS (process tree, median of {r['runs']}): {r['events_1x']} events {r['peak_rss_1x_mb']:.0f} MB {r['runs_1x_mb']}, "
-                     f"{r['events_5x']} events {r['peak_rss_5x_mb']:.0f} MB {r['runs_5x_mb']}")
+        lines.append(
+            f"peak RSS (process tree, median of {r['runs']}): {r['events_1x']} events {r['peak_rss_1x_mb']:.0f} MB {r['runs_1x_mb']}, "
+            f"{r['events_5x']} events {r['peak_rss_5x_mb']:.0f} MB {r['runs_5x_mb']}"
+        )
     lines += ["", f"{'figure':24} {'value':>9} {'target':>9} {'status':>6}  {'spec size':9}  meaning"]
     for t in out["targets"]:
         if t["value"] is None:
-            lines.append(f"{t['name']:24} {'-':>9} {t['op'] + ' ' + str(t['threshold']):>9} {t['status']:>6}  {'yes' if t['at_spec_size'] else 'no':9}  {t['error']}")
+            lines.append(
+                f"{t['name']:24} {'-':>9} {t['op'] + ' ' + str(t['threshold']):>9} {t['status']:>6}  {'yes' if t['at_spec_size'] else 'no':9}  {t['error']}"
+            )
             continue
-        lines.append(f"{t['name']:24} {t['value']:>9.3f} {t['op'] + ' ' + str(t['threshold']):>9} {t['status']:>6}  {'yes' if t['at_spec_size'] else 'no':9}  {t['meaning']}")
+        lines.append(
+            f"{t['name']:24} {t['value']:>9.3f} {t['op'] + ' ' + str(t['threshold']):>9} {t['status']:>6}  {'yes' if t['at_spec_size'] else 'no':9}  {t['meaning']}"
+        )
     for n in out["notes"]:
         lines.append(f"note: {n}")
     prof = out.get("project_profile") or {}
     if prof.get("by_statement"):
-        lines += ["", f"where the project's {res['project']['seconds']:.1f}s went: {prof['jobs']} Spark jobs, {prof['seconds_with_jobs_running']:.1f}s with a job "
-                  f"running, {prof.get('driver_only_seconds', 0):.1f}s driver only (Python, planning, commits, GX); top statements by job time:"]
+        lines += [
+            "",
+            f"where the project's {res['project']['seconds']:.1f}s went: {prof['jobs']} Spark jobs, {prof['seconds_with_jobs_running']:.1f}s with a job "
+            f"running, {prof.get('driver_only_seconds', 0):.1f}s driver only (Python, planning, commits, GX); top statements by job time:",
+        ]
         for what, v in list(prof["by_statement"].items())[:12]:
             lines.append(f"  {v['seconds']:8.2f}s {v['jobs']:>3} job(s)  {what[:110]}")
     lines.append(f"total run time {out['total_seconds']}s")

@@ -48,7 +48,7 @@ KEY = "id"
 BASE_LSN = 1_000_000
 FIRST_EVENT_LSN = 10_000_000_000
 INSERT_BASE = 1_000_000_000_000  # fresh keys of a workload: INSERT_BASE * k + n
-START = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 _EPOCH_US_START = int(START.timestamp()) * 1_000_000
 
 # name -> (Connect field schema, Spark type as the project's decoder types it)
@@ -58,8 +58,28 @@ COLUMNS: list[tuple[dict, str]] = [
     ({"type": "int64", "optional": True, "field": "customer_id"}, "bigint"),
     ({"type": "string", "optional": True, "field": "status"}, "string"),
     ({"type": "string", "optional": True, "field": "region"}, "string"),
-    ({"type": "bytes", "optional": True, "name": _DEC, "version": 1, "parameters": {"scale": "2", "connect.decimal.precision": "12"}, "field": "amount"}, "decimal(12,2)"),
-    ({"type": "bytes", "optional": True, "name": _DEC, "version": 1, "parameters": {"scale": "4", "connect.decimal.precision": "6"}, "field": "tax_rate"}, "decimal(6,4)"),
+    (
+        {
+            "type": "bytes",
+            "optional": True,
+            "name": _DEC,
+            "version": 1,
+            "parameters": {"scale": "2", "connect.decimal.precision": "12"},
+            "field": "amount",
+        },
+        "decimal(12,2)",
+    ),
+    (
+        {
+            "type": "bytes",
+            "optional": True,
+            "name": _DEC,
+            "version": 1,
+            "parameters": {"scale": "4", "connect.decimal.precision": "6"},
+            "field": "tax_rate",
+        },
+        "decimal(6,4)",
+    ),
     ({"type": "int32", "optional": True, "field": "quantity"}, "int"),
     ({"type": "string", "optional": True, "field": "note"}, "string"),
     ({"type": "boolean", "optional": True, "field": "is_priority"}, "boolean"),
@@ -73,7 +93,15 @@ _SOURCE_FIELDS = [
     {"type": "string", "optional": False, "field": "connector"},
     {"type": "string", "optional": False, "field": "name"},
     {"type": "int64", "optional": False, "field": "ts_ms"},
-    {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1, "parameters": {"allowed": "true,last,false,incremental"}, "default": "false", "field": "snapshot"},
+    {
+        "type": "string",
+        "optional": True,
+        "name": "io.debezium.data.Enum",
+        "version": 1,
+        "parameters": {"allowed": "true,last,false,incremental"},
+        "default": "false",
+        "field": "snapshot",
+    },
     {"type": "string", "optional": False, "field": "db"},
     {"type": "string", "optional": True, "field": "sequence"},
     {"type": "string", "optional": False, "field": "schema"},
@@ -90,14 +118,27 @@ SCHEMA = {
     "fields": [
         {"type": "struct", "fields": _FIELDS, "optional": True, "name": f"bench.{SCHEMA_NAME}.{TABLE}.Value", "field": "before"},
         {"type": "struct", "fields": _FIELDS, "optional": True, "name": f"bench.{SCHEMA_NAME}.{TABLE}.Value", "field": "after"},
-        {"type": "struct", "fields": _SOURCE_FIELDS, "optional": False, "name": "io.debezium.connector.postgresql.Source", "field": "source"},
+        {
+            "type": "struct",
+            "fields": _SOURCE_FIELDS,
+            "optional": False,
+            "name": "io.debezium.connector.postgresql.Source",
+            "field": "source",
+        },
         {"type": "string", "optional": False, "field": "op"},
         {"type": "int64", "optional": True, "field": "ts_ms"},
-        {"type": "struct", "fields": [
-            {"type": "string", "optional": False, "field": "id"},
-            {"type": "int64", "optional": False, "field": "total_order"},
-            {"type": "int64", "optional": False, "field": "data_collection_order"},
-        ], "optional": True, "name": "event.block", "version": 1, "field": "transaction"},
+        {
+            "type": "struct",
+            "fields": [
+                {"type": "string", "optional": False, "field": "id"},
+                {"type": "int64", "optional": False, "field": "total_order"},
+                {"type": "int64", "optional": False, "field": "data_collection_order"},
+            ],
+            "optional": True,
+            "name": "event.block",
+            "version": 1,
+            "field": "transaction",
+        },
     ],
 }
 _PREFIX = b'{"schema":' + orjson.dumps(SCHEMA) + b',"payload":'
@@ -105,9 +146,45 @@ _SUFFIX = b"}"
 
 _STATUSES = ["new", "paid", "packed", "shipped", "delivered", "cancelled", "returned"]
 _REGIONS = ["eu-west", "eu-central", "us-east", "us-west", "ap-south", "ap-northeast", "sa-east", "af-south"]
-_WORDS = ("please deliver to the back door customer asked for gift wrapping fragile handle with care "
-          "call before delivery leave at reception invoice attached express shipping requested partial "
-          "refund issued address corrected by support warehouse note priority lane").split()
+_WORDS = [
+    "please",
+    "deliver",
+    "to",
+    "the",
+    "back",
+    "door",
+    "customer",
+    "asked",
+    "for",
+    "gift",
+    "wrapping",
+    "fragile",
+    "handle",
+    "with",
+    "care",
+    "call",
+    "before",
+    "delivery",
+    "leave",
+    "at",
+    "reception",
+    "invoice",
+    "attached",
+    "express",
+    "shipping",
+    "requested",
+    "partial",
+    "refund",
+    "issued",
+    "address",
+    "corrected",
+    "by",
+    "support",
+    "warehouse",
+    "note",
+    "priority",
+    "lane",
+]
 
 
 def encode_decimal(unscaled: int) -> str:
@@ -205,9 +282,18 @@ class Workload:
             "before": before,
             "after": after,
             "source": {
-                "version": "2.7.0.Final", "connector": "postgresql", "name": "bench", "ts_ms": ts_ms,
-                "snapshot": "false", "db": DATABASE, "sequence": f'["{lsn - 8}","{lsn}"]',
-                "schema": SCHEMA_NAME, "table": TABLE, "txId": self.tx, "lsn": lsn, "xmin": None,
+                "version": "2.7.0.Final",
+                "connector": "postgresql",
+                "name": "bench",
+                "ts_ms": ts_ms,
+                "snapshot": "false",
+                "db": DATABASE,
+                "sequence": f'["{lsn - 8}","{lsn}"]',
+                "schema": SCHEMA_NAME,
+                "table": TABLE,
+                "txId": self.tx,
+                "lsn": lsn,
+                "xmin": None,
             },
             "op": op,
             "ts_ms": ts_ms + 7,
@@ -290,8 +376,14 @@ class Workload:
         flush()
         made = sum(v for k, v in counts.items() if k != "pk_change")
         return WorkloadFiles(
-            root=str(root), paths=paths, events=made, bytes=total_bytes, ops={k: v for k, v in counts.items() if k != "pk_change"},
-            pk_changes=counts.get("pk_change", 0), lsn_first=lsn_first, lsn_last=self.lsn,
+            root=str(root),
+            paths=paths,
+            events=made,
+            bytes=total_bytes,
+            ops={k: v for k, v in counts.items() if k != "pk_change"},
+            pk_changes=counts.get("pk_change", 0),
+            lsn_first=lsn_first,
+            lsn_last=self.lsn,
         )
 
 
@@ -306,9 +398,18 @@ def seed_message() -> bytes:
         "before": None,
         "after": row,
         "source": {
-            "version": "2.7.0.Final", "connector": "postgresql", "name": "bench", "ts_ms": _EPOCH_US_START // 1000,
-            "snapshot": "true", "db": DATABASE, "sequence": f'[null,"{BASE_LSN}"]',
-            "schema": SCHEMA_NAME, "table": TABLE, "txId": 1, "lsn": BASE_LSN, "xmin": None,
+            "version": "2.7.0.Final",
+            "connector": "postgresql",
+            "name": "bench",
+            "ts_ms": _EPOCH_US_START // 1000,
+            "snapshot": "true",
+            "db": DATABASE,
+            "sequence": f'[null,"{BASE_LSN}"]',
+            "schema": SCHEMA_NAME,
+            "table": TABLE,
+            "txId": 1,
+            "lsn": BASE_LSN,
+            "xmin": None,
         },
         "op": "r",
         "ts_ms": _EPOCH_US_START // 1000,
@@ -326,6 +427,7 @@ def write_seed(root: Path) -> Path:
 
 # -- base rows -------------------------------------------------------------------
 # The same values in Python (seed row) and in Spark SQL (bulk rows).
+
 
 def base_row_python(i: int) -> dict:
     return {

@@ -41,8 +41,11 @@ with DAG(
         name="cdc_maintain_{{ params.source }}",
         application_args=[
             "maintain",
-            "--source", "{{ params.source }}",
-            "--snapshot-retention-days", "{{ params.snapshot_retention_days }}",
-            "--tombstone-retention-days", "{{ params.tombstone_retention_days }}",
+            "--source",
+            "{{ params.source }}",
+            "--snapshot-retention-days",
+            "{{ params.snapshot_retention_days }}",
+            "--tombstone-retention-days",
+            "{{ params.tombstone_retention_days }}",
         ],
     )

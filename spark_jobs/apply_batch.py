@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from cdc_apply.cli import main  # noqa: E402
+from cdc_apply.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

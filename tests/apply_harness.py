@@ -16,12 +16,26 @@ _counter = itertools.count()
 
 
 def apply_events(
-    spark, settings, namespace: str, outcomes: list[Outcome], *, primary_keys=None, quarantine_max_share=1.0, batch_tag: str | None = None, override=None,
+    spark,
+    settings,
+    namespace: str,
+    outcomes: list[Outcome],
+    *,
+    primary_keys=None,
+    quarantine_max_share=1.0,
+    batch_tag: str | None = None,
+    override=None,
     merge_mode: str | None = None,
 ) -> BatchResult:
     """Apply one batch of outcomes; each distinct ``file`` is a batch file."""
-    source = SourceConfig(name=namespace, format="debezium_postgres", namespace=namespace, primary_keys=primary_keys or {}, quarantine_max_share=quarantine_max_share,
-                          merge_mode=merge_mode)
+    source = SourceConfig(
+        name=namespace,
+        format="debezium_postgres",
+        namespace=namespace,
+        primary_keys=primary_keys or {},
+        quarantine_max_share=quarantine_max_share,
+        merge_mode=merge_mode,
+    )
     tag = batch_tag or f"b{next(_counter)}"
     for o in outcomes:  # events without a file belong to a file of this batch
         if not o.file:
@@ -29,9 +43,16 @@ def apply_events(
     paths = sorted({o.file for o in outcomes}) or [f"/virtual/{namespace}/empty"]
     import datetime as dt
 
-    files = [ArchiveFile(hour=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), path=p, size=0, sha256=hashlib.sha256(p.encode()).hexdigest()) for p in paths]
+    files = [
+        ArchiveFile(hour=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), path=p, size=0, sha256=hashlib.sha256(p.encode()).hexdigest())
+        for p in paths
+    ]
     result = BatchResult(
-        batch_id=f"{namespace}_{tag}", source=namespace, status="complete", files=[f.as_dict() for f in files], override=override.__dict__ if override else None
+        batch_id=f"{namespace}_{tag}",
+        source=namespace,
+        status="complete",
+        files=[f.as_dict() for f in files],
+        override=override.__dict__ if override else None,
     )
     decoded = outcomes_frame(spark, outcomes)
     result = apply_decoded(spark, settings, source, result, files, decoded)
@@ -40,7 +61,9 @@ def apply_events(
     return finish_batch(settings, result)
 
 
-def live_rows(spark, settings, namespace: str, table: str, key_cols: list[str], columns: dict[str, str]) -> dict[tuple, dict[str, str | None]]:
+def live_rows(
+    spark, settings, namespace: str, table: str, key_cols: list[str], columns: dict[str, str]
+) -> dict[tuple, dict[str, str | None]]:
     """The table's live rows with values rendered as canonical text."""
     ident = f"{settings.catalog_name}.{namespace}.{table}"
     if not spark.catalog.tableExists(ident):

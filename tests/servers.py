@@ -25,9 +25,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
 
 ROOT = Path(__file__).resolve().parents[1]
 ICEBERG_VERSION = "1.11.0"
@@ -98,7 +98,7 @@ def _mvn(args: list[str], cwd: Path | None = None) -> None:
 
 
 def s3proxy_jar() -> Path:
-    group, artifact, version, _type, classifier = S3PROXY.split(":")
+    _group, artifact, version, _type, classifier = S3PROXY.split(":")
     path = jars_dir() / f"{artifact}-{version}-{classifier}.jar"
     if not path.exists():
         _mvn(["dependency:copy", f"-Dartifact={S3PROXY}", f"-DoutputDirectory={path.parent}"])
@@ -157,8 +157,13 @@ def _java(name: str, args: list[str], env: dict[str, str], workdir: Path) -> Ite
     log = workdir / f"{name}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            ["java", "-Xmx512m", *args], env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, cwd=workdir, start_new_session=True,
+            ["java", "-Xmx512m", *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=workdir,
+            start_new_session=True,
         )
     p = Process(name, proc, log)
     try:
@@ -209,9 +214,13 @@ class S3Server:
         from pyarrow import fs as pafs
 
         return pafs.S3FileSystem(
-            access_key=self.access_key, secret_key=self.secret_key, region=self.region,
-            endpoint_override=self.endpoint.split("://", 1)[1], scheme="http",
-            force_virtual_addressing=False, allow_bucket_creation=True,
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            region=self.region,
+            endpoint_override=self.endpoint.split("://", 1)[1],
+            scheme="http",
+            force_virtual_addressing=False,
+            allow_bucket_creation=True,
         )
 
     def create_bucket(self, bucket: str) -> None:
@@ -320,8 +329,9 @@ if __name__ == "__main__":  # manual check: python tests/servers.py
 
 
 @contextlib.contextmanager
-def running_connect_server(log: Path, *, port: int | None = None, env: Mapping[str, str] | None = None,
-                           timeout: float = 180) -> Iterator[str]:
+def running_connect_server(
+    log: Path, *, port: int | None = None, env: Mapping[str, str] | None = None, timeout: float = 180
+) -> Iterator[str]:
     """``cdc connect-server`` on 127.0.0.1 (``port``, or a free one) with the
     settings of ``env`` (default: this process's) until the block ends; yields
     its sc:// URL once it listens.  The tests' and the benchmark's: a
@@ -334,9 +344,13 @@ def running_connect_server(log: Path, *, port: int | None = None, env: Mapping[s
             port = s.getsockname()[1]
     url = f"sc://127.0.0.1:{port}"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "cdc_apply.cli", "connect-server", "--port", str(port)],
-                                env=dict(os.environ if env is None else env), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cdc_apply.cli", "connect-server", "--port", str(port)],
+            env=dict(os.environ if env is None else env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             deadline = time.time() + timeout
             while True:

@@ -34,7 +34,10 @@ COLUMNS = [Column("id", "int", False), Column("name", "string"), Column("amount"
 _ns = itertools.count()
 
 names = st.one_of(st.none(), st.sampled_from(["a", "b", "ü", "x y", ""]))
-amounts = st.one_of(st.none(), st.decimals(min_value=-99999999, max_value=99999999, places=2, allow_nan=False, allow_infinity=False).map(lambda d: f"{d:.2f}"))
+amounts = st.one_of(
+    st.none(),
+    st.decimals(min_value=-99999999, max_value=99999999, places=2, allow_nan=False, allow_infinity=False).map(lambda d: f"{d:.2f}"),
+)
 
 
 @st.composite
@@ -52,8 +55,12 @@ def workloads(draw, partial: bool, partial_moves: bool = False):
             events.append(ChangeEvent("x", "db", "public", "items", Op.DELETE, ["id"], {}, pos, before={"id": str(key)}, columns=COLUMNS))
             continue
         if kind == "pk":
-            new_key = draw(st.integers(min_value=1, max_value=3).filter(lambda k: k != key))
-            events.append(ChangeEvent("x", "db", "public", "items", Op.DELETE, ["id"], {}, pos, before={"id": str(key)}, columns=COLUMNS, change_id=pos))
+            new_key = draw(st.integers(min_value=1, max_value=3).filter(lambda k, old=key: k != old))
+            events.append(
+                ChangeEvent(
+                    "x", "db", "public", "items", Op.DELETE, ["id"], {}, pos, before={"id": str(key)}, columns=COLUMNS, change_id=pos
+                )
+            )
             after = {"id": str(new_key), "name": draw(names), "amount": draw(amounts)}
             if partial_moves:  # unchanged columns left out (a TOAST placeholder, a Qlik mask)
                 for col in draw(st.sets(st.sampled_from(["name", "amount"]))):

@@ -1,4 +1,5 @@
 """One test per apply rule (docs/apply-semantics.md), on real Spark + Iceberg."""
+
 from __future__ import annotations
 
 import collections
@@ -31,7 +32,11 @@ def check_model(spark, settings, ns, batches):
 
 
 def test_last_write_wins_within_a_batch(spark, settings, ns):
-    b = [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1), event("u", 1, {"name": "b", "amount": "2.00"}, pos=3), event("u", 1, {"name": "x", "amount": "9.00"}, pos=2)]
+    b = [
+        event("c", 1, {"name": "a", "amount": "1.00"}, pos=1),
+        event("u", 1, {"name": "b", "amount": "2.00"}, pos=3),
+        event("u", 1, {"name": "x", "amount": "9.00"}, pos=2),
+    ]
     r = apply_events(spark, settings, ns, b)
     assert r.status == "complete", r.message
     assert rows(spark, settings, ns) == {"1": ("b", "2.00")}
@@ -42,7 +47,12 @@ def test_last_write_wins_within_a_batch(spark, settings, ns):
 
 def test_insert_then_delete_leaves_nothing_and_delete_then_insert_keeps_insert(spark, settings, ns):
     apply_events(spark, settings, ns, [event("c", 9, {"name": "keep", "amount": "0.00"}, pos=1)])
-    b = [event("c", 1, {"name": "a", "amount": "1.00"}, pos=10), event("d", 1, pos=11), event("d", 9, pos=12), event("c", 9, {"name": "new", "amount": "3.00"}, pos=13)]
+    b = [
+        event("c", 1, {"name": "a", "amount": "1.00"}, pos=10),
+        event("d", 1, pos=11),
+        event("d", 9, pos=12),
+        event("c", 9, {"name": "new", "amount": "3.00"}, pos=13),
+    ]
     r = apply_events(spark, settings, ns, b)
     assert r.status == "complete", r.message
     assert rows(spark, settings, ns) == {"9": ("new", "3.00")}
@@ -66,7 +76,9 @@ def test_primary_key_change_moves_the_row(spark, settings, ns):
 
 
 def test_partial_rows_keep_stored_values_and_null_sets_null(spark, settings, ns):
-    apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1), event("c", 2, {"name": "b", "amount": "2.00"}, pos=2)])
+    apply_events(
+        spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1), event("c", 2, {"name": "b", "amount": "2.00"}, pos=2)]
+    )
     b = [event("u", 1, {"amount": "5.00"}, pos=3), event("u", 2, {"name": None}, pos=4), event("u", 2, {"amount": "7.00"}, pos=5)]
     apply_events(spark, settings, ns, b)
     assert rows(spark, settings, ns) == {"1": ("a", "5.00"), "2": (None, "7.00")}
@@ -136,7 +148,9 @@ def test_event_without_a_key_value_fails_the_table_and_changes_nothing(spark, se
     """A configured key the messages do not carry (here: a delete names only
     ``id``, the key is ``name``) is a configuration error, not a NULL key."""
     apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)], primary_keys={"items": ["name"]})
-    r = apply_events(spark, settings, ns, [event("u", 2, {"name": "b", "amount": "2.00"}, pos=2), event("d", 1, pos=3)], primary_keys={"items": ["name"]})
+    r = apply_events(
+        spark, settings, ns, [event("u", 2, {"name": "b", "amount": "2.00"}, pos=2), event("d", 1, pos=3)], primary_keys={"items": ["name"]}
+    )
     assert r.status == "failed"
     t = r.tables[0]
     assert t.status == "failed" and t.terminal
@@ -153,12 +167,28 @@ def keyed(op, key: tuple, v=None, *, pos):
     """An event of table ``keyed``: a composite key of every type that gets a range literal."""
     from cdc_apply.model import ChangeEvent, Column, Op
 
-    cols = [Column("code", "string", False), Column("amt", "decimal(12,2)", False), Column("day", "date", False), Column("n", "bigint", False), Column("v", "string")]
+    cols = [
+        Column("code", "string", False),
+        Column("amt", "decimal(12,2)", False),
+        Column("day", "date", False),
+        Column("n", "bigint", False),
+        Column("v", "string"),
+    ]
     k = dict(zip(KEYED_KEYS, key))
     return ChangeEvent(
-        format="debezium_postgres", database="db", schema="public", table="keyed", op=Op(op), key_columns=KEYED_KEYS,
-        after={**k, "v": v} if op != "d" else {}, before=k if op == "d" else None, position=f"{pos:020d}", columns=cols,
-        file="", line=pos, commit_ts_us=1_700_000_000_000_000 + pos,
+        format="debezium_postgres",
+        database="db",
+        schema="public",
+        table="keyed",
+        op=Op(op),
+        key_columns=KEYED_KEYS,
+        after={**k, "v": v} if op != "d" else {},
+        before=k if op == "d" else None,
+        position=f"{pos:020d}",
+        columns=cols,
+        file="",
+        line=pos,
+        commit_ts_us=1_700_000_000_000_000 + pos,
     )
 
 
@@ -175,7 +205,12 @@ def test_keys_of_every_literal_type_are_matched_through_the_range(spark, setting
     cols = {"code": "string", "amt": "decimal(12,2)", "day": "date", "n": "bigint", "v": "string"}
     r1 = apply_events(spark, settings, ns, [keyed("c", k, "old", pos=i + 1) for i, k in enumerate(keys)])
     new_key = ("zz", "-9999999999.99", "0001-01-01", "7")
-    b2 = [keyed("u", keys[0], "new0", pos=10), keyed("u", keys[1], "new1", pos=11), keyed("d", keys[2], pos=12), keyed("c", new_key, "new", pos=13)]
+    b2 = [
+        keyed("u", keys[0], "new0", pos=10),
+        keyed("u", keys[1], "new1", pos=11),
+        keyed("d", keys[2], pos=12),
+        keyed("c", new_key, "new", pos=13),
+    ]
     r2 = apply_events(spark, settings, ns, b2)
     assert (r1.status, r2.status) == ("complete", "complete"), r2.tables[0].message
     assert r2.tables[0].counts["updated"] == 2 and r2.tables[0].counts["deleted"] == 1 and r2.tables[0].counts["inserted"] == 1
@@ -202,7 +237,14 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
     summary = spark.sql(f"SELECT summary FROM {ident}.snapshots WHERE summary['spark.merge-into.num-target-rows-updated'] = '1'").collect()
     written = [(s[0].get("added-position-deletes"), s[0].get("deleted-data-files")) for s in summary]
     assert written == ([("1", None)] if mode == "merge-on-read" else [(None, "1")]), summary
-    assert rows(spark, settings, ns) == {"1": ("a", "1.00"), "2": ("a", "1.00"), "3": ("a", "1.00"), "101": ("b", "2.00"), "102": ("c", "3.00"), "103": ("b", "2.00")}
+    assert rows(spark, settings, ns) == {
+        "1": ("a", "1.00"),
+        "2": ("a", "1.00"),
+        "3": ("a", "1.00"),
+        "101": ("b", "2.00"),
+        "102": ("c", "3.00"),
+        "103": ("b", "2.00"),
+    }
 
     spec = tables.TableSpec(identifier=ident, short=f"{ns}.items", key_columns=["id"], columns=COLS)
     spark.sql(  # one net change, shaped as compact.merge_source
@@ -230,12 +272,18 @@ def test_a_source_merge_mode_is_kept_on_its_tables(spark, settings, ns):
         s = spark.sql(f"SELECT summary FROM {ident}.snapshots WHERE snapshot_id = {main}").collect()[0][0]
         return s.get("added-position-deletes"), s.get("deleted-data-files")
 
-    r = apply_events(spark, settings, ns, [event("c", k, {"name": "a", "amount": "1.00"}, pos=k) for k in (1, 2)], merge_mode="merge-on-read")
+    r = apply_events(
+        spark, settings, ns, [event("c", k, {"name": "a", "amount": "1.00"}, pos=k) for k in (1, 2)], merge_mode="merge-on-read"
+    )
     assert (r.tables[0].schema_changes, mode()) == (["created table"], "merge-on-read")
     r = apply_events(spark, settings, ns, [event("u", 1, {"name": "b"}, pos=10)], merge_mode="merge-on-read")
     assert (r.tables[0].schema_changes, last_update()) == ([], ("1", None))
     r = apply_events(spark, settings, ns, [event("u", 2, {"name": "c"}, pos=11)], merge_mode="copy-on-write")
-    assert (r.tables[0].schema_changes, mode(), last_update()) == (["write.merge.mode merge-on-read -> copy-on-write"], "copy-on-write", (None, "1"))
+    assert (r.tables[0].schema_changes, mode(), last_update()) == (
+        ["write.merge.mode merge-on-read -> copy-on-write"],
+        "copy-on-write",
+        (None, "1"),
+    )
     spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('write.merge.mode'='merge-on-read')")  # by hand
     r = apply_events(spark, settings, ns, [event("u", 1, {"name": "d"}, pos=12)])
     assert (r.tables[0].schema_changes, mode(), last_update()) == ([], "merge-on-read", ("1", None))
@@ -283,7 +331,10 @@ def test_the_one_event_short_cuts_fold_as_the_general_fold(spark, monkeypatch):
 
     def folded(key_events) -> dict:
         df = spark.createDataFrame(
-            [(k, p, f, ln, op, after, None, f"tx{k}", label, live, "p00" if live else None, key_events(k)) for k, p, f, ln, op, after, label, live in rows],
+            [
+                (k, p, f, ln, op, after, None, f"tx{k}", label, live, "p00" if live else None, key_events(k))
+                for k, p, f, ln, op, after, label, live in rows
+            ],
             "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint, _cdc_op string, _cdc_after map<string,string>, "
             "_cdc_commit_ts timestamp, _cdc_tx_id string, _cdc_label string, _cdc_stored_live boolean, _cdc_stored_pos string, _cdc_key_events bigint",
         )
@@ -306,11 +357,28 @@ def test_label_duplicates_counts_each_keys_events(spark):
     from cdc_apply.apply import compact
 
     df = spark.createDataFrame(
-        [(k, p, f, ln, "u", {"a": "1"}) for k, p, f, ln in [(1, "p1", "f", 1), (1, "p1", "f", 2), (1, "p2", "f", 3), (2, "p1", "f", 4), (None, "p1", "f", 5), (None, "p2", "f", 6)]],
+        [
+            (k, p, f, ln, "u", {"a": "1"})
+            for k, p, f, ln in [
+                (1, "p1", "f", 1),
+                (1, "p1", "f", 2),
+                (1, "p2", "f", 3),
+                (2, "p1", "f", 4),
+                (None, "p1", "f", 5),
+                (None, "p2", "f", 6),
+            ]
+        ],
         "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint, _cdc_op string, _cdc_after map<string,string>",
     )
     got = sorted((r["_cdc_line"], r["id"], r["_cdc_label"], r["_cdc_key_events"]) for r in compact.label_duplicates(df, ["id"]).collect())
-    assert got == [(1, 1, "apply", 3), (2, 1, "duplicate", 3), (3, 1, "apply", 3), (4, 2, "apply", 1), (5, None, "apply", 2), (6, None, "apply", 2)]
+    assert got == [
+        (1, 1, "apply", 3),
+        (2, 1, "duplicate", 3),
+        (3, 1, "apply", 3),
+        (4, 2, "apply", 1),
+        (5, None, "apply", 2),
+        (6, None, "apply", 2),
+    ]
 
 
 @pytest.mark.parametrize("prune", [True, False], ids=["batch-keys-broadcast", "whole-stored-state"])
@@ -421,8 +489,12 @@ def test_late_delete_nulls_only_what_it_precedes(spark, settings, ns):
 
 def test_different_events_at_one_position_are_refused_not_picked(spark, settings, ns):
     """Issue 17: equal positions are a duplicate only when the content is the same."""
-    b = [event("c", 1, {"name": "a", "amount": "1.00"}, pos=10), event("u", 1, {"name": "b", "amount": "1.00"}, pos=10),
-         event("c", 2, {"name": "z", "amount": "2.00"}, pos=10), event("c", 2, {"name": "z", "amount": "2.00"}, pos=10, file="/virtual/again")]
+    b = [
+        event("c", 1, {"name": "a", "amount": "1.00"}, pos=10),
+        event("u", 1, {"name": "b", "amount": "1.00"}, pos=10),
+        event("c", 2, {"name": "z", "amount": "2.00"}, pos=10),
+        event("c", 2, {"name": "z", "amount": "2.00"}, pos=10, file="/virtual/again"),
+    ]
     r = apply_events(spark, settings, ns, b)
     assert r.status == "failed"
     t = r.tables[0]

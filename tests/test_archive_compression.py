@@ -5,6 +5,7 @@ left out of the file list without a word."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ def _zstd(lines: list[str], frames: int = 1) -> bytes:
     """``lines`` as zstd frames (a sink that appends writes several)."""
     c = zstandard.ZstdCompressor(write_checksum=True)
     cut = [len(lines) * i // frames for i in range(frames + 1)]
-    return b"".join(c.compress(("\n".join(lines[a:b]) + "\n").encode()) for a, b in zip(cut, cut[1:]))
+    return b"".join(c.compress(("\n".join(lines[a:b]) + "\n").encode()) for a, b in itertools.pairwise(cut))
 
 
 def _read(data: bytes, chunk: int = lines.CHUNK_BYTES) -> list:
@@ -59,7 +60,12 @@ def test_zstd_files_are_not_cut_into_pieces(tmp_path):
 
 def _archive(root: Path) -> set[str]:
     """A cloud-storage sink's hour with zstd, gzip and plain files."""
-    names = {"2026/01/01/00/a.ndjson.zst": "zstd", "2026/01/01/00/b.jsonl.zst": "zstd", "2026/01/01/00/c.ndjson.gz": True, "2026/01/01/00/d.ndjson": False}
+    names = {
+        "2026/01/01/00/a.ndjson.zst": "zstd",
+        "2026/01/01/00/b.jsonl.zst": "zstd",
+        "2026/01/01/00/c.ndjson.gz": True,
+        "2026/01/01/00/d.ndjson": False,
+    }
     for name, how in names.items():
         files.write_jsonl(root / name, ['{"x":1}'], compress=how)
     return {str((root / n).resolve()) for n in names}
@@ -98,7 +104,7 @@ def test_a_refused_compression_outside_the_listed_hours_does_not_block(tmp_path)
     _archive(tmp_path / "src")
     (tmp_path / "src/2026/01/01/05").mkdir(parents=True)
     (tmp_path / "src/2026/01/01/05/late.ndjson.bz2").write_bytes(b"x")
-    assert len(listing.list_files(tmp_path / "src", until=dt.datetime(2026, 1, 1, 1, tzinfo=dt.timezone.utc))) == 4
+    assert len(listing.list_files(tmp_path / "src", until=dt.datetime(2026, 1, 1, 1, tzinfo=dt.UTC))) == 4
 
 
 def test_other_files_are_still_not_archive_files(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 
 import pytest
 from hypothesis import given
@@ -39,12 +40,17 @@ def whole_file(path: str, data: bytes) -> list:
 def gzip_members(data: bytes, cuts: list[int]) -> bytes:
     """``data`` as concatenated gzip members, cut at ``cuts``."""
     bounds = [0] + sorted(c % (len(data) + 1) for c in cuts) + [len(data)]
-    return b"".join(gzip.compress(data[a:b]) for a, b in zip(bounds, bounds[1:]))
+    return b"".join(gzip.compress(data[a:b]) for a, b in itertools.pairwise(bounds))
 
 
 @hsettings(max_examples=300, deadline=None)
-@given(lines=st.lists(LINE, max_size=30), final_newline=st.booleans(), chunk=st.integers(1, 64),
-       compress=st.booleans(), cuts=st.lists(st.integers(0, 10_000), max_size=3))
+@given(
+    lines=st.lists(LINE, max_size=30),
+    final_newline=st.booleans(),
+    chunk=st.integers(1, 64),
+    compress=st.booleans(),
+    cuts=st.lists(st.integers(0, 10_000), max_size=3),
+)
 def test_streamed_lines_equal_the_whole_file_read(lines, final_newline, chunk, compress, cuts):
     data = b"\n".join(lines) + (b"\n" if final_newline else b"")
     stored = gzip_members(data, cuts) if compress else data
@@ -124,7 +130,7 @@ def test_pieces_cover_the_file_line_for_line(tmp_path_factory, lines, final_newl
     path.write_bytes(data)
     pieces = plan_pieces(str(path), piece, chunk_bytes=chunk)
     assert pieces[0].start == 0 and pieces[-1].end == len(data)
-    assert all(a.end == b.start for a, b in zip(pieces, pieces[1:]))
+    assert all(a.end == b.start for a, b in itertools.pairwise(pieces))
     assert all(p.start == 0 or data[p.start - 1 : p.start] == b"\n" for p in pieces)  # each starts a line
     got = [m for p in pieces for m in iter_lines(str(path), lambda: open(path, "rb"), chunk_bytes=chunk, piece=p)]
     assert got == whole_file(str(path), data)

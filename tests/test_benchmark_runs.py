@@ -25,7 +25,11 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "spark_jobs"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--scale", "tiny", "--rss-runs", "2", "--out", str(out), "--workdir", str(tmp_path / "work")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     res = json.loads(out.read_text())
@@ -39,8 +43,16 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
         for key in ("events", "bytes", "seconds", "events_per_s", "mb_per_s"):
             assert c[key] > 0, (name, key, c)
 
-    for name in ("project_vs_textbook", "project_vs_pyiceberg", "project_vs_limit", "table_size_ratio", "hourly_overhead_ratio", "hourly_connect_ratio",
-                 "hourly_connect_mor_ratio", "rss_ratio"):
+    for name in (
+        "project_vs_textbook",
+        "project_vs_pyiceberg",
+        "project_vs_limit",
+        "table_size_ratio",
+        "hourly_overhead_ratio",
+        "hourly_connect_ratio",
+        "hourly_connect_mor_ratio",
+        "rss_ratio",
+    ):
         assert res["ratios"][name] > 0, name
     assert {t["name"] for t in res["targets"]} == set(res["ratios"])
     assert all(t["status"] in ("PASS", "MISS") for t in res["targets"])

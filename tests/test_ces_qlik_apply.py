@@ -64,11 +64,26 @@ def quarantine_rows(spark, s, name: str) -> list[tuple[str, int]]:
 # Every spec example applies
 
 
-PURCHASES = {"purchase_id": "int", "customer_name": "string", "product_id": "int", "product_name": "string",
-             "price_per_item": "int", "quantity": "int", "purchase_date": "timestamp_ntz", "payment_method": "string"}
-INSERTED = {"purchase_id": "105", "customer_name": "Anna Doe", "product_id": "101", "product_name": "Game 2077",
-            "price_per_item": "60", "quantity": "1", "purchase_date": "2025-03-14 16:45:01.000000",
-            "payment_method": "Credit Card"}
+PURCHASES = {
+    "purchase_id": "int",
+    "customer_name": "string",
+    "product_id": "int",
+    "product_name": "string",
+    "price_per_item": "int",
+    "quantity": "int",
+    "purchase_date": "timestamp_ntz",
+    "payment_method": "string",
+}
+INSERTED = {
+    "purchase_id": "105",
+    "customer_name": "Anna Doe",
+    "product_id": "101",
+    "product_name": "Game 2077",
+    "price_per_item": "60",
+    "quantity": "1",
+    "purchase_date": "2025-03-14 16:45:01.000000",
+    "payment_method": "Credit Card",
+}
 UPDATED = {**INSERTED, "product_id": "100", "product_name": "Game 2066", "price_per_item": "50", "quantity": "2"}
 
 
@@ -107,15 +122,31 @@ def orders(spark, s, name: str) -> dict[tuple, dict[str, str | None]]:
     """SALES.ORDERS' live rows as text (binary as base64, as the decoder's canonical text)."""
     table = spark.table(f"{s.catalog_name}.{name}.orders").where("NOT _cdc_deleted")
     cols = [c for c in table.columns if not c.startswith("_cdc_")]
-    sel = [f"CASE WHEN `{c}` IS NULL THEN NULL ELSE "
-           + {"binary": f"base64(`{c}`)", "timestamp_ntz": f"date_format(`{c}`, 'yyyy-MM-dd HH:mm:ss.SSSSSS')"}.get(
-               dict(table.dtypes)[c], f"CAST(`{c}` AS string)") + f" END AS `{c}`" for c in cols]
+    sel = [
+        f"CASE WHEN `{c}` IS NULL THEN NULL ELSE "
+        + {"binary": f"base64(`{c}`)", "timestamp_ntz": f"date_format(`{c}`, 'yyyy-MM-dd HH:mm:ss.SSSSSS')"}.get(
+            dict(table.dtypes)[c], f"CAST(`{c}` AS string)"
+        )
+        + f" END AS `{c}`"
+        for c in cols
+    ]
     return {(r["ORDER_ID"], r["LINE_NO"]): r.asDict() for r in table.selectExpr(*sel).collect()}
 
 
-ROW = {"ORDER_ID": "1001", "LINE_NO": "1", "CUSTOMER": "Zoë Ångström", "AMOUNT": "1234.50", "PRICE": "19.99",
-       "ACTIVE": "true", "ORDER_DATE": "2026-03-01", "UPDATED_AT": "2026-03-02 09:20:11.123456", "NOTE": "gift wrap",
-       "PHOTO": "iVBORw==", "BIG_COUNTER": "18446744073709551615", "PICKUP_TIME": "14:30:00"}
+ROW = {
+    "ORDER_ID": "1001",
+    "LINE_NO": "1",
+    "CUSTOMER": "Zoë Ångström",
+    "AMOUNT": "1234.50",
+    "PRICE": "19.99",
+    "ACTIVE": "true",
+    "ORDER_DATE": "2026-03-01",
+    "UPDATED_AT": "2026-03-02 09:20:11.123456",
+    "NOTE": "gift wrap",
+    "PHOTO": "iVBORw==",
+    "BIG_COUNTER": "18446744073709551615",
+    "PICKUP_TIME": "14:30:00",
+}
 ROW_UPDATED = {**ROW, "AMOUNT": "1300.00", "ACTIVE": "false", "UPDATED_AT": "2026-03-02 09:21:00.000000"}
 QLIK_STEPS = [  # golden case -> the live rows it leaves
     ("02_refresh", {("1001", "1"): ROW}),
@@ -150,8 +181,14 @@ def test_qlik_cases_apply_with_golden_rows(spark, source):
 
 
 def ces_event(key: int, seq: int, name: str = "a", op: str = "INS", **kw: Any) -> str:
-    return ces.message(op, id=f"e{key}-{seq}", current={"id": str(key), "name": name},
-                       pkkey=[{"columnname": "id", "value": str(key)}], tx={**ces.TX, "sequencenumber": seq}, **kw)
+    return ces.message(
+        op,
+        id=f"e{key}-{seq}",
+        current={"id": str(key), "name": name},
+        pkkey=[{"columnname": "id", "value": str(key)}],
+        tx={**ces.TX, "sequencenumber": seq},
+        **kw,
+    )
 
 
 def test_ces_split_across_two_hourly_files_is_applied(spark, source):
@@ -163,8 +200,14 @@ def test_ces_split_across_two_hourly_files_is_applied(spark, source):
     from cdc_apply.config import get_source
 
     name, s = source("sqlserver_ces", quarantine_max_share=1.0)
-    big = ces.message("INS", id="big", logicalid="split-1", current={"id": "2", "name": "x" * 300},
-                      pkkey=[{"columnname": "id", "value": "2"}], tx={**ces.TX, "sequencenumber": 5})
+    big = ces.message(
+        "INS",
+        id="big",
+        logicalid="split-1",
+        current={"id": "2", "name": "x" * 300},
+        pkkey=[{"columnname": "id", "value": "2"}],
+        tx={**ces.TX, "sequencenumber": 5},
+    )
     seg0, seg1 = ces.segments(big, 2, id_prefix="big")
     first = put(s, name, 0, [ces_event(1, 1), seg0, "{not json", ces_event(3, 3)])
     r1 = run_batch(s, name, spark=spark)
@@ -193,8 +236,9 @@ def test_qlik_data_one_batch_before_its_metadata_is_applied(spark, source):
     name, s = source("qlik")
     v1 = {"id": ("INT4", 1), "v": ("STRING", 0)}
     v2 = {**v1, "w": ("STRING", 0)}
-    first = put(s, name, 0, [qlik.meta(v1, version=1), qlik.data({"id": 1, "v": "a"}, seq=1),
-                             qlik.data({"id": 2, "v": "b", "w": "x"}, seq=2)])
+    first = put(
+        s, name, 0, [qlik.meta(v1, version=1), qlik.data({"id": 1, "v": "a"}, seq=1), qlik.data({"id": 2, "v": "b", "w": "x"}, seq=2)]
+    )
     r1 = run_batch(s, name, spark=spark)
     assert r1.status == "complete" and r1.held_files == [str(first)], r1.to_json()
     assert r1.messages.get("held:missing-table-metadata") == 1
@@ -205,7 +249,9 @@ def test_qlik_data_one_batch_before_its_metadata_is_applied(spark, source):
     assert r2.status == "complete" and not r2.held_files, r2.to_json()
     cols = {"id": "int", "v": "string", "w": "string"}
     assert live_rows(spark, s, name, "t", ["id"], cols) == {
-        ("1",): {"id": "1", "v": "c", "w": "y"}, ("2",): {"id": "2", "v": "b", "w": "x"}}
+        ("1",): {"id": "1", "v": "c", "w": "y"},
+        ("2",): {"id": "2", "v": "b", "w": "x"},
+    }
     # the first file's metadata and applied row are not read into the second batch's accounts again
     assert r2.messages["read"] == 3 and r2.messages["event"] == 2, r2.messages
     assert r2.tables[0].counts["inserted"] == 1 and r2.tables[0].counts["updated"] == 1, r2.tables[0].counts
@@ -218,8 +264,14 @@ def test_resent_segment_of_an_applied_split_message_does_not_stay_pending(spark,
     from cdc_apply.config import get_source
 
     name, s = source("sqlserver_ces")
-    big = ces.message("INS", id="big", logicalid="split-9", current={"id": "2", "name": "x" * 300},
-                      pkkey=[{"columnname": "id", "value": "2"}], tx={**ces.TX, "sequencenumber": 5})
+    big = ces.message(
+        "INS",
+        id="big",
+        logicalid="split-9",
+        current={"id": "2", "name": "x" * 300},
+        pkkey=[{"columnname": "id", "value": "2"}],
+        tx={**ces.TX, "sequencenumber": 5},
+    )
     seg0, seg1 = ces.segments(big, 2, id_prefix="big")
     put(s, name, 0, [seg0, seg1])
     assert run_batch(s, name, spark=spark).status == "complete"

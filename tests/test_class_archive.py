@@ -1,6 +1,7 @@
 """The driver's class archive (cdc_apply/class_archive.py), with a real JVM:
 ``java -version`` writes and reads a (small) archive exactly as a Spark
 driver does.  The benchmark's test checks the same on spark-submit jobs."""
+
 from __future__ import annotations
 
 import os
@@ -54,7 +55,12 @@ def test_an_archive_that_does_not_load_is_discarded(tmp_path, damage):
             partial.write_bytes(data[: len(data) // 2])
             scratch = tmp_path.parent / f"{tmp_path.name}-jvm"  # its crash report goes there
             scratch.mkdir()
-            assert subprocess.run([ca.java_binary(), f"-XX:SharedArchiveFile={partial}", "-version"], capture_output=True, cwd=scratch).returncode != 0
+            assert (
+                subprocess.run(
+                    [ca.java_binary(), f"-XX:SharedArchiveFile={partial}", "-version"], capture_output=True, cwd=scratch
+                ).returncode
+                != 0
+            )
         elif damage == "garbage":
             partial.write_bytes(b"not an archive")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
@@ -64,10 +70,9 @@ def test_an_archive_that_does_not_load_is_discarded(tmp_path, damage):
 
 
 def test_a_job_that_fails_still_leaves_a_usable_archive(tmp_path):
-    with pytest.raises(RuntimeError):
-        with ca.driver_with_archive({KEY: OPTS}, [], tmp_path, OPTS) as conf:
-            java(conf)
-            raise RuntimeError("the job failed after its JVM exited")
+    with pytest.raises(RuntimeError), ca.driver_with_archive({KEY: OPTS}, [], tmp_path, OPTS) as conf:
+        java(conf)
+        raise RuntimeError("the job failed after its JVM exited")
     assert ca.loads(ca.archive_path(tmp_path, [], OPTS))
 
 

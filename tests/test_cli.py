@@ -15,9 +15,13 @@ def _sources(tmp_path, monkeypatch, *names: str, quarantine_max_share: float | N
     """A sources file of Debezium PostgreSQL sources (table public.customers, key id), in use."""
     share = f"    quarantine_max_share: {quarantine_max_share}\n" if quarantine_max_share is not None else ""
     sources = tmp_path / "sources.yaml"
-    sources.write_text("sources:\n" + "".join(
-        f"  {name}:\n    format: debezium_postgres\n    namespace: {name}\n{share}    tables:\n      public.customers: {{primary_key: [id]}}\n"
-        for name in names))
+    sources.write_text(
+        "sources:\n"
+        + "".join(
+            f"  {name}:\n    format: debezium_postgres\n    namespace: {name}\n{share}    tables:\n      public.customers: {{primary_key: [id]}}\n"
+            for name in names
+        )
+    )
     monkeypatch.setenv("CDC_SOURCES_FILE", str(sources))
 
 
@@ -26,7 +30,7 @@ def _demo_archive(folder):
     from cdc_apply.archive.files import write_jsonl
     from cdc_apply.demo import demo_changes
 
-    for hour, lines in demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)).items():
+    for hour, lines in demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.UTC)).items():
         write_jsonl(folder / f"{hour:%Y/%m/%d/%H}" / "customers.jsonl", lines)
     return folder
 
@@ -77,7 +81,7 @@ def test_discovery_reads_only_new_files_and_refuses_changed_applied_ones(spark, 
     _sources(tmp_path, monkeypatch, "verify")
     s = dataclasses.replace(settings, sources_file=tmp_path / "sources.yaml", archive_dir=str(tmp_path / "archive"))
     folder = tmp_path / "archive" / "verify"
-    hours = demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+    hours = demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
     applied = [write_jsonl(folder / f"{h:%Y/%m/%d/%H}" / "customers.jsonl", lines) for h, lines in hours.items()]
     assert batch.run_batch(s, "verify", spark=spark).status == "complete"
     new = write_jsonl(folder / "2026/01/02/00" / "customers.jsonl", next(iter(hours.values())))
@@ -110,7 +114,7 @@ def test_damaged_archives_quarantine_their_unreadable_lines_and_apply_the_rest(s
     from cdc_apply.demo import demo_changes
 
     _sources(tmp_path, monkeypatch, "damaged", "clean", quarantine_max_share=1.0)
-    h0, h1, h2 = (lines for _, lines in sorted(demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)).items()))
+    h0, h1, h2 = (lines for _, lines in sorted(demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.UTC)).items()))
     damaged, clean = tmp_path / "damaged", tmp_path / "clean"
 
     whole = gzip.compress(("\n".join(h0) + "\n").encode())
@@ -132,7 +136,11 @@ def test_damaged_archives_quarantine_their_unreadable_lines_and_apply_the_rest(s
     got = sorted((r["file"].rsplit("/", 1)[-1], r["line"], r["reason"].split(":")[0]) for r in q)
     readable_h0 = zlib.decompressobj(31).decompress(whole[: len(whole) - 40]).decode().split("\n")[:-1]  # what zlib can read
     assert 0 < len(readable_h0) < len(h0)
-    assert got == [("a.jsonl.gz", len(readable_h0) + 1, "truncated gzip file"), ("b.jsonl.gz", 3, "corrupt gzip file"), ("c.jsonl", 3, "line is not UTF-8")]
+    assert got == [
+        ("a.jsonl.gz", len(readable_h0) + 1, "truncated gzip file"),
+        ("b.jsonl.gz", 3, "corrupt gzip file"),
+        ("c.jsonl", 3, "line is not UTF-8"),
+    ]
     assert result["messages"]["read"] == len(readable_h0) + 1 + 2 + 1 + 3 + 1
 
     (clean / "00").mkdir(parents=True)

@@ -53,8 +53,13 @@ def source(monkeypatch, tmp_path):
 
     def make(**options):
         name = f"crdb_ex_{next(_n)}"
-        spec = {"format": "cockroachdb", "namespace": name, "quarantine_max_share": 0.0,
-                "tables": {t: {"primary_key": k} for t, k in KEYS.items()}, **options}
+        spec = {
+            "format": "cockroachdb",
+            "namespace": name,
+            "quarantine_max_share": 0.0,
+            "tables": {t: {"primary_key": k} for t, k in KEYS.items()},
+            **options,
+        }
         sources_file = tmp_path / f"{name}.yaml"
         sources_file.write_text(yaml.safe_dump({"sources": {name: spec}}))
         monkeypatch.setenv("CDC_SOURCES_FILE", str(sources_file))
@@ -80,7 +85,11 @@ def test_typed_enriched_examples_apply(spark, source):
     assert result.status == "complete", result.to_json()
     assert result.messages == {"read": 3, "event": 3}
     assert rows(spark, s, name, "products", {"id": "string", "name": "string", "price": "decimal(10,2)", "created_at": "timestamp"}) == {
-        ("58390d92-2472-43e1-86bc-1642395e8dad",): {"name": "Bluetooth Speaker", "price": "45.00", "created_at": "2025-04-24 14:59:28.962730"},
+        ("58390d92-2472-43e1-86bc-1642395e8dad",): {
+            "name": "Bluetooth Speaker",
+            "price": "45.00",
+            "created_at": "2025-04-24 14:59:28.962730",
+        },
         ("8320b051-3ff7-4aa8-9708-78142fde7e31",): {"name": "Coffee Mug", "price": "12.50", "created_at": "2025-04-01 17:55:46.812942"},
         ("cb1a3e43-dccf-422f-a27d-ea027c233682",): {"name": "Wireless Mouse", "price": "29.99", "created_at": "2025-04-24 14:59:28.962730"},
     }
@@ -106,8 +115,10 @@ def test_every_schemaless_envelope_example_applies(spark, source):
         "kafka/16.jsonl": [kafka("16_cdc_query_row", "vehicles", '["los angeles", "00000000-0000-4000-8000-000000000016"]')],
         "kafka/17.jsonl": [kafka("17_cdc_query_topic_in_value", "vehicles", '["los angeles", "00000000-0000-4000-8000-000000000017"]')],
         # envelope=row: the row, then a delete (a key with an empty value) of 11's scooter
-        "kafka/20.jsonl": [kafka("20_row_kafka", "vehicles"),
-                           json.dumps({"topic": "vehicles", "key": '["washington dc", "dadc1c0b-30f0-4c8b-bd16-046c8612bbea"]', "value": None})],
+        "kafka/20.jsonl": [
+            kafka("20_row_kafka", "vehicles"),
+            json.dumps({"topic": "vehicles", "key": '["washington dc", "dadc1c0b-30f0-4c8b-bd16-046c8612bbea"]', "value": None}),
+        ],
         "sinkless/07.jsonl": [example("07_sinkless_enriched_source")],
         "webhook/21.jsonl": [example("21_webhook_batch")],
     }
@@ -126,8 +137,16 @@ def test_every_schemaless_envelope_example_applies(spark, source):
     }
     assert rows(spark, s, name, "vehicles", {"city": "string", "id": "string", "status": "string", "type": "string", "ext": "string"}) == {
         ("seattle", "68ee1f95-3137-48e2-8ce3-34ac2d18c7c8"): {"status": "in_use", "type": "scooter", "ext": '{"color":"yellow"}'},
-        ("washington dc", "298cc7a0-de6b-4659-ae57-eaa2de9d99c3"): {"status": "in_use", "type": "bike", "ext": '{"brand":"Schwinn","color":"red"}'},
-        ("washington dc", "cd48e501-e86d-4019-9923-2fc9a964b264"): {"status": "available", "type": "bike", "ext": '{"brand":"Fuji","color":"yellow"}'},
+        ("washington dc", "298cc7a0-de6b-4659-ae57-eaa2de9d99c3"): {
+            "status": "in_use",
+            "type": "bike",
+            "ext": '{"brand":"Schwinn","color":"red"}',
+        },
+        ("washington dc", "cd48e501-e86d-4019-9923-2fc9a964b264"): {
+            "status": "available",
+            "type": "bike",
+            "ext": '{"brand":"Fuji","color":"yellow"}',
+        },
         ("washington dc", "d3b37607-1e9f-4e25-b772-efb9374b08e3"): {"status": "available", "type": "skateboard", "ext": '{"color":"red"}'},
         ("los angeles", "00000000-0000-4000-8000-000000000016"): {"status": None, "type": "skateboard", "ext": None},
         ("los angeles", "00000000-0000-4000-8000-000000000017"): {"status": None, "type": "skateboard", "ext": None},
@@ -138,14 +157,17 @@ def test_every_schemaless_envelope_example_applies(spark, source):
     }
 
 
-@pytest.mark.parametrize("case, options, expect", [
-    # log ordering (the default) and changefeeds without updated / mvcc_timestamp
-    ("no-timestamps", {}, ["no position", "mvcc_timestamp", "updated", "ordering: arrival"]),
-    # key_only: no row image
-    ("key-only", {"ordering": "arrival"}, ["key_only", "envelope=wrapped"]),
-    # a cloud-storage example in a file not named as the sink names it
-    ("no-table", {"ordering": "arrival"}, ["no table name", "'part-0.jsonl'"]),
-])
+@pytest.mark.parametrize(
+    "case, options, expect",
+    [
+        # log ordering (the default) and changefeeds without updated / mvcc_timestamp
+        ("no-timestamps", {}, ["no position", "mvcc_timestamp", "updated", "ordering: arrival"]),
+        # key_only: no row image
+        ("key-only", {"ordering": "arrival"}, ["key_only", "envelope=wrapped"]),
+        # a cloud-storage example in a file not named as the sink names it
+        ("no-table", {"ordering": "arrival"}, ["no table name", "'part-0.jsonl'"]),
+    ],
+)
 def test_configuration_refusal_fails_the_batch_once(spark, source, case, options, expect):
     s, name, root = source(**options)
     if case == "no-timestamps":
@@ -199,13 +221,16 @@ def test_hlc_orders_events_of_a_key_by_wall_then_logical(spark, source):
     """Issue 17 item 5 through compaction: whatever the arrival order, the
     greater logical wins at equal wall time, and a greater wall wins over any logical."""
     s, name, root = source()
-    write_jsonl(root / "cloud" / sink_name(1, "items"), [
-        item(1, "l2", "1700000000000000000.0000000002"),
-        item(1, "l10", "1700000000000000000.0000000010"),
-        item(1, "l9", "1700000000000000000.0000000009"),
-        item(2, "w1", "1700000000000000001.0000000000"),
-        item(2, "l99", "1700000000000000000.0000000099"),
-    ])
+    write_jsonl(
+        root / "cloud" / sink_name(1, "items"),
+        [
+            item(1, "l2", "1700000000000000000.0000000002"),
+            item(1, "l10", "1700000000000000000.0000000010"),
+            item(1, "l9", "1700000000000000000.0000000009"),
+            item(2, "w1", "1700000000000000001.0000000000"),
+            item(2, "l99", "1700000000000000000.0000000099"),
+        ],
+    )
     result = run_batch(s, name, spark=spark)
     assert result.status == "complete", result.to_json()
     assert result.tables[0].counts["superseded"] == 3

@@ -11,8 +11,9 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -39,7 +40,15 @@ OPTIONAL_ENV: dict[str, str] = {
     "CDC_LOG_VERBOSE": "1 brings back library chatter (GX, py4j, Spark start-up INFO, JVM CDS warnings) in the task logs; unset, it is off",
 }
 # Names the scanner must find, or the scanner itself is broken.
-KNOWN_CODE_ENV = {"CDC_HOME", "CDC_ARCHIVE_DIR", "CDC_WAREHOUSE", "CDC_CATALOG_TYPE", "CDC_CATALOG_URI", "CDC_S3_ENDPOINT", "AWS_SECRET_ACCESS_KEY"}
+KNOWN_CODE_ENV = {
+    "CDC_HOME",
+    "CDC_ARCHIVE_DIR",
+    "CDC_WAREHOUSE",
+    "CDC_CATALOG_TYPE",
+    "CDC_CATALOG_URI",
+    "CDC_S3_ENDPOINT",
+    "AWS_SECRET_ACCESS_KEY",
+}
 
 SECRET_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|FERNET|PRIVATE|CREDENTIAL|ACCESS_KEY|_KEY$", re.IGNORECASE)
 NOT_A_SECRET = re.compile(r"_(FILE|PATH|DIR)$")  # where a secret lives, not the secret
@@ -172,7 +181,7 @@ def check_healthchecks(compose: dict) -> list[str]:
         test = hc.get("test")
         usable = bool(test) and not hc.get("disable") and test not in (["NONE"], "NONE")
         if not usable and not is_one_shot(s):
-            problems.append(f"{name}: no healthcheck (only one-shot jobs with restart: \"no\" may skip it)")
+            problems.append(f'{name}: no healthcheck (only one-shot jobs with restart: "no" may skip it)')
         if "restart" in s and not isinstance(s["restart"], str):
             problems.append(f"{name}: restart must be a quoted string (YAML reads bare no as false)")
     return problems
@@ -258,7 +267,7 @@ def check_bind_mounts(compose: dict, root: Path = ROOT) -> list[str]:
     problems = []
     declared = set((compose.get("volumes") or {}).keys())
     for name, s in services(compose).items():
-        for kind, source, target in mounts(s):
+        for kind, source, _target in mounts(s):
             if kind == "bind":
                 if not source.startswith("."):
                     problems.append(f"{name}: bind mount {source} is not a path of the repository")
@@ -363,7 +372,9 @@ def check_spark_connect(compose: dict, env_example: dict[str, str]) -> list[str]
     gated = "connect" in (s.get("profiles") or [])
     if "spark_connect" in spark_default_types(compose, env_example):
         if gated:
-            problems.append("spark-connect: spark_default is a spark_connect connection, so the server must start by default (remove its profile)")
+            problems.append(
+                "spark-connect: spark_default is a spark_connect connection, so the server must start by default (remove its profile)"
+            )
     elif not gated:
         problems.append("spark-connect: must be opt-in (profiles: [connect]) while spark_default spark-submits")
     words = command_words(s)
@@ -458,7 +469,7 @@ def code_env() -> dict[str, str]:
 
 
 def test_scanner_finds_the_settings(code_env):
-    assert KNOWN_CODE_ENV <= set(code_env), f"scanner missed {KNOWN_CODE_ENV - set(code_env)}"
+    assert set(code_env) >= KNOWN_CODE_ENV, f"scanner missed {KNOWN_CODE_ENV - set(code_env)}"
 
 
 def test_required_services(compose):
@@ -576,45 +587,86 @@ def _unshare_env(c: dict) -> None:
 
 MUTATIONS = {
     "service removed": (_del(["services", "airflow-triggerer"]), "required_services", "airflow-triggerer"),
-    "no image nor build": (lambda c: [c["services"]["spark-master"].pop(k, None) for k in ("image", "build")], "image_or_build", "spark-master"),
+    "no image nor build": (
+        lambda c: [c["services"]["spark-master"].pop(k, None) for k in ("image", "build")],
+        "image_or_build",
+        "spark-master",
+    ),
     "healthcheck removed": (_del(["services", "minio", "healthcheck"]), "healthchecks", "minio"),
     "one-shot job that restarts": (lambda c: c["services"]["minio-init"].update(restart="on-failure"), "healthchecks", "minio-init"),
     "bare no for restart": (lambda c: c["services"]["airflow-init"].update(restart=False), "healthchecks", "airflow-init"),
     "waits for health without healthcheck": (_del(["services", "spark-master", "healthcheck"]), "depends_on", "spark-master"),
-    "started instead of healthy": (lambda c: c["services"]["iceberg-rest"]["depends_on"].update(minio={"condition": "service_started"}), "depends_on", "iceberg-rest"),
+    "started instead of healthy": (
+        lambda c: c["services"]["iceberg-rest"]["depends_on"].update(minio={"condition": "service_started"}),
+        "depends_on",
+        "iceberg-rest",
+    ),
     "setting missing": (_set_env("airflow-scheduler", "CDC_WAREHOUSE", None), "airflow_env", "CDC_WAREHOUSE"),
-    "execution api missing": (_set_env("airflow-triggerer", "AIRFLOW__CORE__EXECUTION_API_SERVER_URL", None), "airflow_env", "EXECUTION_API"),
-    "catalog uri not a service": (_set_env("airflow-api-server", "CDC_CATALOG_URI", "http://localhost:8181"), "airflow_env", "CDC_CATALOG_URI"),
+    "execution api missing": (
+        _set_env("airflow-triggerer", "AIRFLOW__CORE__EXECUTION_API_SERVER_URL", None),
+        "airflow_env",
+        "EXECUTION_API",
+    ),
+    "catalog uri not a service": (
+        _set_env("airflow-api-server", "CDC_CATALOG_URI", "http://localhost:8181"),
+        "airflow_env",
+        "CDC_CATALOG_URI",
+    ),
     "literal secret": (_set_env("iceberg-rest", "AWS_SECRET_ACCESS_KEY", "hunter2hunter2"), "no_literal_secrets", "AWS_SECRET_ACCESS_KEY"),
-    "secret with inline default": (_set_env("minio", "MINIO_ROOT_PASSWORD", "${AWS_SECRET_ACCESS_KEY:-minio123}"), "no_literal_secrets", "MINIO_ROOT_PASSWORD"),
+    "secret with inline default": (
+        _set_env("minio", "MINIO_ROOT_PASSWORD", "${AWS_SECRET_ACCESS_KEY:-minio123}"),
+        "no_literal_secrets",
+        "MINIO_ROOT_PASSWORD",
+    ),
     "password in a URL": (
         _set_env("airflow-scheduler", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql+psycopg2://airflow:airflow@postgres/airflow"),
         "no_literal_secrets",
         "URL",
     ),
-    "bind mount outside the repo": (lambda c: c["services"]["spark-worker"]["volumes"].append("./no-such-dir:/x"), "bind_mounts", "no-such-dir"),
+    "bind mount outside the repo": (
+        lambda c: c["services"]["spark-worker"]["volumes"].append("./no-such-dir:/x"),
+        "bind_mounts",
+        "no-such-dir",
+    ),
     "undeclared volume": (lambda c: c["services"]["spark-worker"]["volumes"].append("scratch:/scratch"), "bind_mounts", "scratch"),
-    "variable not in .env.example": (_set_env("postgres", "POSTGRES_DB", "${NOT_IN_ENV_EXAMPLE}"), "env_refs_defined", "NOT_IN_ENV_EXAMPLE"),
+    "variable not in .env.example": (
+        _set_env("postgres", "POSTGRES_DB", "${NOT_IN_ENV_EXAMPLE}"),
+        "env_refs_defined",
+        "NOT_IN_ENV_EXAMPLE",
+    ),
     "wrong master port": (
         _set_env("airflow-scheduler", "AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "spark://spark-master", "port": 7078}'),
         "spark_master_url",
         "7078",
     ),
     "wrong master host": (
-        _set_env("airflow-dag-processor", "AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "spark://spark-mastr", "port": 7077}'),
+        _set_env(
+            "airflow-dag-processor", "AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "spark://spark-mastr", "port": 7077}'
+        ),
         "spark_master_url",
         "spark-mastr",
     ),
     "worker without the archive": (lambda c: c["services"]["spark-worker"].update(volumes=[]), "shared_archive_and_credentials", "mount"),
-    "worker without credentials": (_set_env("spark-worker", "AWS_SECRET_ACCESS_KEY", None), "shared_archive_and_credentials", "AWS_SECRET_ACCESS_KEY"),
+    "worker without credentials": (
+        _set_env("spark-worker", "AWS_SECRET_ACCESS_KEY", None),
+        "shared_archive_and_credentials",
+        "AWS_SECRET_ACCESS_KEY",
+    ),
     "warehouse with s3a": (_set_env("airflow-scheduler", "CDC_WAREHOUSE", "s3a://${CDC_WAREHOUSE_BUCKET}/"), "warehouse", "s3://"),
     "rest without path style": (_set_env("iceberg-rest", "CATALOG_S3_PATH__STYLE__ACCESS", None), "warehouse", "path-style"),
     "bucket mismatch": (_set_env("minio-init", "WAREHOUSE_BUCKET", "other"), "warehouse", "bucket"),
-    "connect server on another catalog": (_set_env("spark-connect", "CDC_CATALOG_URI", "http://other:8181"), "spark_connect", "CDC_CATALOG_URI"),
+    "connect server on another catalog": (
+        _set_env("spark-connect", "CDC_CATALOG_URI", "http://other:8181"),
+        "spark_connect",
+        "CDC_CATALOG_URI",
+    ),
     "connect server always on": (lambda c: c["services"]["spark-connect"].pop("profiles"), "spark_connect", "opt-in"),
     "connect default, server still opt-in": (_connect_by_default, "spark_connect", "remove its profile"),
     "connect default on another port": (
-        lambda c: [_connect_by_default(c), _set_env("airflow-scheduler", "AIRFLOW_CONN_SPARK_DEFAULT", CONNECT_DEFAULT.replace("15002", "15003"))(c)],
+        lambda c: [
+            _connect_by_default(c),
+            _set_env("airflow-scheduler", "AIRFLOW_CONN_SPARK_DEFAULT", CONNECT_DEFAULT.replace("15002", "15003"))(c),
+        ],
         "spark_master_url",
         "Spark Connect server's port 15002",
     ),

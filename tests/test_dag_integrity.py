@@ -45,7 +45,7 @@ def test_cdc_apply_shape(dagbag):
     for task in dag.tasks:
         assert task.retries >= 1, task.task_id
     # topological sort raises on cycles
-    assert [t.task_id for t in dag.topological_sort()][0] == "discover"
+    assert next(t.task_id for t in dag.topological_sort()) == "discover"
 
 
 def test_cdc_maintenance_shape(dagbag):
@@ -63,7 +63,11 @@ def test_submit_spec_tunes_the_short_lived_jvm(monkeypatch, tmp_path, dagbag):
 
     monkeypatch.setenv("CDC_HOME", str(tmp_path))
     monkeypatch.setenv("CDC_JARS_DIR", os.environ.get("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars")))
-    assert submit_spec(Settings.from_env(), os.environ).conf["spark.driver.extraJavaOptions"] == DRIVER_JAVA_OPTIONS == "-XX:TieredStopAtLevel=1"
+    assert (
+        submit_spec(Settings.from_env(), os.environ).conf["spark.driver.extraJavaOptions"]
+        == DRIVER_JAVA_OPTIONS
+        == "-XX:TieredStopAtLevel=1"
+    )
     monkeypatch.setenv("CDC_SPARK_CONF_spark__driver__extraJavaOptions", "")
     assert submit_spec(Settings.from_env(), os.environ).conf["spark.driver.extraJavaOptions"] == ""
 

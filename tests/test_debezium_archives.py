@@ -11,8 +11,9 @@ import datetime as dt
 import itertools
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -25,7 +26,7 @@ from tests.decode.test_debezium_postgres import CASES
 from tests.formats.synthetic import SyntheticChange, example_row
 
 pytestmark = [pytest.mark.spark]
-UTC = dt.timezone.utc
+UTC = dt.UTC
 _n = itertools.count()
 ITEMS = {"id": "int", "name": "string", "amount": "decimal(10,2)", "updated_at": "timestamp"}
 
@@ -90,7 +91,7 @@ def test_delete_heavy_first_hour_creates_the_table(fmt, tombstone, spark, tmp_pa
     changes += [SyntheticChange("d", {"id": i}, None, {"id": i}, 10 + i, 10 + i, t0) for i in range(1, 10)]
     lines = values_only(writer(fmt).write_messages(changes), tombstone)
     assert lines.count(tombstone) == 9 and len(lines) == 28  # a third of the hour is tombstones
-    with source(tmp_path, fmt, {"items": {"primary_key": ["id"]}}) as (settings, ns, rewrite):
+    with source(tmp_path, fmt, {"items": {"primary_key": ["id"]}}) as (settings, ns, _rewrite):
         result = hour(spark, settings, ns, 0, lines)
         assert result.status == "complete", result.to_json()
         assert result.messages["read"] == 28 and result.messages.get("quarantined", 0) == 0
@@ -105,8 +106,19 @@ def test_delete_heavy_first_hour_creates_the_table(fmt, tombstone, spark, tmp_pa
 
 def schemaless_update(key: int, lsn: int, after: dict[str, Any]) -> str:
     """A PostgreSQL update as JsonConverter writes it with schemas.enable=false."""
-    source = {"version": "2.7.0.Final", "connector": "postgresql", "name": "pg", "ts_ms": 1772330400000, "snapshot": "false",
-              "db": "shop", "schema": "public", "table": "items", "txId": 900 + lsn, "lsn": lsn, "sequence": json.dumps([str(lsn - 1), str(lsn)])}
+    source = {
+        "version": "2.7.0.Final",
+        "connector": "postgresql",
+        "name": "pg",
+        "ts_ms": 1772330400000,
+        "snapshot": "false",
+        "db": "shop",
+        "schema": "public",
+        "table": "items",
+        "txId": 900 + lsn,
+        "lsn": lsn,
+        "sequence": json.dumps([str(lsn - 1), str(lsn)]),
+    }
     return json.dumps({"before": None, "after": {"id": key, **after}, "source": source, "op": "u", "ts_ms": 1772330400001})
 
 
@@ -119,7 +131,7 @@ def test_schemaless_messages_apply_by_the_stored_column_types(spark, tmp_path) -
     it (CAST_INVALID_INPUT, classed transient): the table was blocked for ever."""
     t0 = dt.datetime(2026, 3, 1, 0, tzinfo=UTC)
     typed = writer("debezium_postgres").write_messages([SyntheticChange("c", {"id": i}, example_row(i), None, i, i, t0) for i in (1, 2)])
-    with source(tmp_path, "debezium_postgres", {"items": {"primary_key": ["id"]}}, quarantine_max_share=0.5) as (settings, ns, rewrite):
+    with source(tmp_path, "debezium_postgres", {"items": {"primary_key": ["id"]}}, quarantine_max_share=0.5) as (settings, ns, _rewrite):
         assert hour(spark, settings, ns, 0, typed).status == "complete"
         lines = [
             schemaless_update(1, 10**9, {"name": "x", "amount": b64_unscaled(-1234567), "updated_at": "2026-03-01T01:02:03.456789Z"}),
@@ -138,7 +150,9 @@ def test_schemaless_messages_apply_by_the_stored_column_types(spark, tmp_path) -
 
 def test_schemaless_new_table_needs_declared_columns(spark, tmp_path) -> None:
     lines = [
-        schemaless_update(1, 100, {"name": "a", "amount": b64_unscaled(150), "updated_at": "2026-03-01T00:00:01Z"}).replace('"op": "u"', '"op": "c"'),
+        schemaless_update(1, 100, {"name": "a", "amount": b64_unscaled(150), "updated_at": "2026-03-01T00:00:01Z"}).replace(
+            '"op": "u"', '"op": "c"'
+        ),
         schemaless_update(2, 108, {"name": "b", "amount": b64_unscaled(-5), "updated_at": None}).replace('"op": "u"', '"op": "c"'),
     ]
     with source(tmp_path, "debezium_postgres") as (settings, ns, rewrite):
@@ -154,8 +168,14 @@ def test_schemaless_new_table_needs_declared_columns(spark, tmp_path) -> None:
         tr = run_batch(settings, ns, spark=spark).tables[0]
         assert tr.status == "failed" and ": columns." in tr.message and "primary_key: [id]" in tr.message
 
-        rewrite({"public.items": {"primary_key": ["id"], "columns": {
-            "id": "int", "name": "string", "amount": "decimal(10,2)", "updated_at": "io.debezium.time.ZonedTimestamp"}}})
+        rewrite(
+            {
+                "public.items": {
+                    "primary_key": ["id"],
+                    "columns": {"id": "int", "name": "string", "amount": "decimal(10,2)", "updated_at": "io.debezium.time.ZonedTimestamp"},
+                }
+            }
+        )
         result = run_batch(settings, ns, spark=spark)
         assert result.status == "complete", result.to_json()
         assert live_rows(spark, settings, ns, "items", ["id"], ITEMS) == {
@@ -181,10 +201,13 @@ def test_postgres_spec_examples_apply(spark, tmp_path) -> None:
     pg = "debezium_postgres"
     steps = [
         (["03_create.repaired.json"], {("1",): {"id": "1", "first_name": "Anne", "last_name": "Kretchmar", "email": "annek@noanswer.org"}}),
-        (["04_update.repaired.json"], {("1",): {"id": "1", "first_name": "Anne Marie", "last_name": "Kretchmar", "email": "annek@noanswer.org"}}),
+        (
+            ["04_update.repaired.json"],
+            {("1",): {"id": "1", "first_name": "Anne Marie", "last_name": "Kretchmar", "email": "annek@noanswer.org"}},
+        ),
         (["06_message_transactional.repaired.json", "07_message_non_transactional.repaired.json", "08_delete.repaired.json"], {}),
     ]
-    with source(tmp_path, pg, {"public.customers": {"primary_key": ["id"]}}, quarantine_max_share=0.0) as (settings, ns, rewrite):
+    with source(tmp_path, pg, {"public.customers": {"primary_key": ["id"]}}, quarantine_max_share=0.0) as (settings, ns, _rewrite):
         for h, (names, rows) in enumerate(steps):
             result = hour(spark, settings, ns, h, [case(pg, n) for n in names])
             assert result.status == "complete", result.to_json()
@@ -204,12 +227,21 @@ def test_sqlserver_spec_examples_apply(spark, tmp_path) -> None:
     ss = "debezium_sqlserver"
     anne = {"id": "1005", "first_name": "john", "last_name": "doe"}
     steps = [
-        (["13_transaction_begin.json", "08_create.repaired.json", "14_transaction_end.json", "03_schema_change.repaired.json",
-          "04_schema_change_key.json", "05_schema_change_kafka_wrapper.json"], {("1005",): {**anne, "email": "john.doe@example.org"}}),
+        (
+            [
+                "13_transaction_begin.json",
+                "08_create.repaired.json",
+                "14_transaction_end.json",
+                "03_schema_change.repaired.json",
+                "04_schema_change_key.json",
+                "05_schema_change_kafka_wrapper.json",
+            ],
+            {("1005",): {**anne, "email": "john.doe@example.org"}},
+        ),
         (["11_update.repaired.json"], {("1005",): {**anne, "email": "noreply@example.org"}}),
         (["12_delete.repaired.json", "18_kafka_wrapper_tombstone.json"], {}),
     ]
-    with source(tmp_path, ss, {"dbo.customers": {"primary_key": ["id"]}}, quarantine_max_share=0.0) as (settings, ns, rewrite):
+    with source(tmp_path, ss, {"dbo.customers": {"primary_key": ["id"]}}, quarantine_max_share=0.0) as (settings, ns, _rewrite):
         for h, (names, rows) in enumerate(steps):
             result = hour(spark, settings, ns, h, [case(ss, n) for n in names])
             assert result.status == "complete", result.to_json()
@@ -223,8 +255,10 @@ def test_sqlserver_schemaless_spec_examples_apply_with_declared_columns(spark, t
     a new table, so its columns are declared next to its key."""
     ss = "debezium_sqlserver"
     tables = {"dbo.customers": {"primary_key": ["pk"], "columns": {"pk": "int", "value": "string", "aa": "int"}}}
-    with source(tmp_path, ss, tables, quarantine_max_share=0.0) as (settings, ns, rewrite):
-        result = hour(spark, settings, ns, 0, [case(ss, "02_incremental_snapshot.repaired.json"), case(ss, "15_transaction_enrichment.repaired.json")])
+    with source(tmp_path, ss, tables, quarantine_max_share=0.0) as (settings, ns, _rewrite):
+        result = hour(
+            spark, settings, ns, 0, [case(ss, "02_incremental_snapshot.repaired.json"), case(ss, "15_transaction_enrichment.repaired.json")]
+        )
         assert result.status == "complete", result.to_json()
         cols = {"pk": "int", "value": "string", "aa": "int"}
         assert live_rows(spark, settings, ns, "customers", ["pk"], cols) == {

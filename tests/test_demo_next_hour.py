@@ -10,9 +10,9 @@ import json
 
 
 def test_each_call_adds_the_next_hour_with_higher_positions(tmp_path, monkeypatch):
+    from cdc_apply.batch import pending_files
     from cdc_apply.config import Settings, get_source
     from cdc_apply.demo import write_demo_archive, write_next_demo_hour
-    from cdc_apply.batch import pending_files
 
     monkeypatch.setenv("CDC_HOME", str(tmp_path))
     settings = Settings.from_env()
@@ -24,4 +24,4 @@ def test_each_call_adds_the_next_hour_with_higher_positions(tmp_path, monkeypatc
         lsns += [json.loads(line)["payload"]["source"]["lsn"] for line in gzip.open(path, "rt")]
     assert lsns == sorted(lsns) and len(set(lsns)) == len(lsns)
     hours = [f.hour for f in pending_files(settings, get_source(settings, "pg_inventory"))]
-    assert hours[-2:] == [dt.datetime(2026, 1, 1, h, tzinfo=dt.timezone.utc) for h in (3, 4)]
+    assert hours[-2:] == [dt.datetime(2026, 1, 1, h, tzinfo=dt.UTC) for h in (3, 4)]

@@ -69,7 +69,7 @@ def _orders_file(settings) -> None:
     from cdc_apply.demo import demo_changes
 
     lines = []
-    for line in demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))[dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)]:
+    for line in demo_changes(dt.datetime(2026, 1, 1, tzinfo=dt.UTC))[dt.datetime(2026, 1, 1, tzinfo=dt.UTC)]:
         msg = json.loads(line)
         msg["payload"]["source"]["table"] = "orders"
         lines.append(json.dumps(msg))

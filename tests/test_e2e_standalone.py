@@ -32,7 +32,9 @@ class Standalone:
         self.env, self.home, self.port = env, home, port
         self.base = f"http://127.0.0.1:{port}"
         self.log = open(home / "standalone.log", "w")
-        self.proc = subprocess.Popen([str(VENV_BIN / "airflow"), "standalone"], env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [str(VENV_BIN / "airflow"), "standalone"], env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.token = None
 
     def wait_ready(self, timeout: float = 240) -> None:
@@ -98,7 +100,9 @@ def create_backfill(sa: Standalone, env: dict[str, str], start: str, end: str, a
             return
         locked = "database is locked" in proc.stdout + proc.stderr
         backfills = sa.api("GET", "/backfills?dag_id=cdc_apply")["backfills"]
-        assert locked and not backfills and attempt < attempts, f"airflow {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}\nbackfills: {backfills}"
+        assert locked and not backfills and attempt < attempts, (
+            f"airflow {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}\nbackfills: {backfills}"
+        )
         time.sleep(2)
 
 
@@ -134,23 +138,39 @@ def test_backfill_then_rest_trigger(tmp_path, monkeypatch):
         write_demo_archive(settings)
         # backfill hours 01:00..03:00: the runs at 01, 02 and 03 apply hours 00, 01 and 02
         create_backfill(sa, env, "2026-01-01T01:00:00+00:00", "2026-01-01T03:00:00+00:00")
-        runs = sa.wait_runs(lambda rs: len([r for r in rs if r["run_type"] == "backfill"]) == 3 and all(r["state"] == "success" for r in rs))
+        runs = sa.wait_runs(
+            lambda rs: len([r for r in rs if r["run_type"] == "backfill"]) == 3 and all(r["state"] == "success" for r in rs)
+        )
         table = check_demo_table(env)
         if len([r for r in runs if r["run_type"] == "scheduled"]) == 1:  # no wall-clock hour passed meanwhile
             batches = [s.summary.additional_properties.get("cdc.batch-id") for s in table.snapshots()]
             assert len({b for b in batches if b}) == 3  # one batch per backfilled hour, oldest first
 
         # a new hour lands; a manual trigger (no data interval) applies every pending file
-        hour3 = dt.datetime(2026, 1, 1, 3, tzinfo=dt.timezone.utc)
+        hour3 = dt.datetime(2026, 1, 1, 3, tzinfo=dt.UTC)
         from cdc_apply.demo import pg_message
 
-        line = pg_message("u", 99_000_000, 9000, hour3, {"id": 5}, {"id": 5, "first_name": "Eve", "last_name": "Doe5", "email": "c5@example.com", "balance": __import__("decimal").Decimal("7.77"), "updated_at": hour3})
+        line = pg_message(
+            "u",
+            99_000_000,
+            9000,
+            hour3,
+            {"id": 5},
+            {
+                "id": 5,
+                "first_name": "Eve",
+                "last_name": "Doe5",
+                "email": "c5@example.com",
+                "balance": __import__("decimal").Decimal("7.77"),
+                "updated_at": hour3,
+            },
+        )
         write_jsonl(Path(settings.archive_dir) / "pg_inventory" / "2026/01/01/03" / "customers-0001.jsonl", [line])
         run = sa.api("POST", "/dags/cdc_apply/dagRuns", json={"logical_date": None, "conf": {"source": "pg_inventory", "max_files": 0}})
         run_id = run["dag_run_id"]
         sa.wait_runs(lambda rs: any(r["dag_run_id"] == run_id and r["state"] == "success" for r in rs))
         _, rows = table_rows(env)
-        eve = [r for r in rows if r["id"] == 5][0]
+        eve = next(r for r in rows if r["id"] == 5)
         assert str(eve["balance"]) == "7.77"
     finally:
         sa.stop()

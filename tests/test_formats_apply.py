@@ -34,7 +34,7 @@ from tests.reference_model import apply_model
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "2"))
-UTC = dt.timezone.utc
+UTC = dt.UTC
 _n = itertools.count()
 
 # format -> (writer module, supports partial rows, supports truncate, supports snapshot reads)
@@ -61,7 +61,7 @@ def workload(draw, fmt: str):
     n = draw(st.integers(min_value=1, max_value=10))
     changes, seq = [], 0
     t0 = dt.datetime(2026, 3, 1, 12, tzinfo=UTC)
-    for i in range(n):
+    for _i in range(n):
         kind = draw(st.sampled_from(kinds))
         key = draw(st.integers(min_value=1, max_value=3))
         seq += 1
@@ -77,7 +77,7 @@ def workload(draw, fmt: str):
         elif kind == "d":
             changes.append(SyntheticChange("d", {"id": key}, None, {"id": key}, seq, seq, ts))
         elif kind == "pk":
-            new = draw(st.integers(min_value=1, max_value=3).filter(lambda k: k != key))
+            new = draw(st.integers(min_value=1, max_value=3).filter(lambda k, old=key: k != old))
             changes.append(SyntheticChange("d", {"id": key}, None, {"id": key}, seq, seq, ts))
             seq += 1
             changes.append(SyntheticChange("c", {"id": new}, {**row, "id": new}, None, seq, seq - 1, ts))
@@ -114,7 +114,15 @@ def run_format(fmt: str, spark, settings, changes, seed, nfiles, tmp_root: Path)
         pytest.skip(str(exc))
     source = f"{fmt}_{next(_n)}"
     sources_file = tmp_root / f"{source}.yaml"
-    sources_file.write_text(yaml.safe_dump({"sources": {source: {"format": fmt, "namespace": source, "tables": {"items": {"primary_key": ["id"]}}, "quarantine_max_share": 0.0}}}))
+    sources_file.write_text(
+        yaml.safe_dump(
+            {
+                "sources": {
+                    source: {"format": fmt, "namespace": source, "tables": {"items": {"primary_key": ["id"]}}, "quarantine_max_share": 0.0}
+                }
+            }
+        )
+    )
     keep = 1 if fmt == "qlik" else 0
     old = os.environ.get("CDC_SOURCES_FILE")
     os.environ["CDC_SOURCES_FILE"] = str(sources_file)
@@ -130,7 +138,9 @@ def run_format(fmt: str, spark, settings, changes, seed, nfiles, tmp_root: Path)
             assert result.status in ("complete", "nothing-to-do"), result.to_json()
         # the model: every delivered message decoded, applied one by one in position order
         dec = make_decoder(fmt, DecodeContext(source=source, primary_keys={"items": ["id"]}))
-        msgs = [RawMessage(str(p.resolve()), n, text) for p in paths for n, text in enumerate(p.read_text().splitlines(), 1) if text.strip()]
+        msgs = [
+            RawMessage(str(p.resolve()), n, text) for p in paths for n, text in enumerate(p.read_text().splitlines(), 1) if text.strip()
+        ]
         events = [o for o in decode_all(dec, msgs) if isinstance(o, ChangeEvent)]
         columns = {}
         for e in events:
@@ -139,7 +149,9 @@ def run_format(fmt: str, spark, settings, changes, seed, nfiles, tmp_root: Path)
         model = apply_model(events, ["id"], list(columns))
         got = live_rows(spark, s, source, "items", ["id"], columns)
         # compare on the declared columns (a schemaless JSON null declares no column)
-        assert {k: {c: v.get(c) for c in columns} for k, v in got.items()} == {tuple(k): {c: v.get(c) for c in columns} for k, v in model.items()}
+        assert {k: {c: v.get(c) for c in columns} for k, v in got.items()} == {
+            tuple(k): {c: v.get(c) for c in columns} for k, v in model.items()
+        }
     finally:
         if old is None:
             os.environ.pop("CDC_SOURCES_FILE", None)

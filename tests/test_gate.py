@@ -42,10 +42,10 @@ def test_passing_batch_is_published_with_ledger_rows_and_data_docs(spark, settin
     t = r.tables[0]
     assert t.status == "published" and t.snapshot_id == main_snapshot(spark, settings, ns)
     assert refs(spark, settings, ns) == {"main"}  # the audit branch is gone
-    assert t.data_docs and open(t.data_docs).read().startswith("<!DOCTYPE html>") or "html" in open(t.data_docs).read()[:200].lower()
+    assert (t.data_docs and open(t.data_docs).read().startswith("<!DOCTYPE html>")) or "html" in open(t.data_docs).read()[:200].lower()
     rows = ledger_rows(settings, ns, r.batch_id)
     assert {x["table_name"]: x["status"] for x in rows} == {f"{settings.catalog_name}.{ns}.items": "published", "*": "complete"}
-    table_row = [x for x in rows if x["table_name"] != "*"][0]
+    table_row = next(x for x in rows if x["table_name"] != "*")
     assert table_row["counts"] and dict(table_row["counts"])["inserted"] == 1
     assert table_row["files"][0]["sha256"] and table_row["snapshot_id"] == t.snapshot_id
 
@@ -69,7 +69,7 @@ def test_duplicate_key_in_branch_fails_keeps_main_and_branch_then_fix_publishes_
     assert main_snapshot(spark, settings, ns) == before  # main untouched
     assert f"audit_{r.batch_id}" in refs(spark, settings, ns)  # branch kept for inspection
     assert t.branch in t.message and t.data_docs
-    failed_row = [x for x in ledger_rows(settings, ns, r.batch_id) if x["table_name"] != "*"][0]
+    failed_row = next(x for x in ledger_rows(settings, ns, r.batch_id) if x["table_name"] != "*")
     assert failed_row["status"] == "failed" and failed_row["failed_expectations"]
     assert batch[0].file not in ledger.Ledger(settings).applied_files(ns)  # not marked applied
 
@@ -91,7 +91,11 @@ def test_user_suite_violation_fails_the_batch(spark, settings, ns, tmp_path):
     before = main_snapshot(spark, settings, ns)
     r = apply_events(spark, settings, ns, [event("c", 2, {"name": "neg", "amount": "-1.00"}, pos=2)])
     t = r.tables[0]
-    assert r.status == "failed" and t.failed_expectations[0].startswith("expect_column_values_to_be_between({\"column\": \"amount\"") and len(t.failed_expectations) == 1
+    assert (
+        r.status == "failed"
+        and t.failed_expectations[0].startswith('expect_column_values_to_be_between({"column": "amount"')
+        and len(t.failed_expectations) == 1
+    )
     assert main_snapshot(spark, settings, ns) == before
     assert t.data_docs
 
@@ -103,7 +107,9 @@ def test_quarantine_share_over_limit_fails_before_any_write(spark, settings, ns)
     r = apply_events(spark, settings, ns, [event("c", 2, {"name": "b", "amount": "2.00"}, pos=2)] + bad, quarantine_max_share=0.5)
     assert r.status == "failed" and r.failed_checks == ["quarantine_share(max=0.5, got=0.7500)"] and r.tables == []
     assert main_snapshot(spark, settings, ns) == before
-    q = spark.sql(f"SELECT reason, raw FROM {settings.catalog_name}.{settings.audit_namespace}.quarantine WHERE batch_id = '{r.batch_id}'").collect()
+    q = spark.sql(
+        f"SELECT reason, raw FROM {settings.catalog_name}.{settings.audit_namespace}.quarantine WHERE batch_id = '{r.batch_id}'"
+    ).collect()
     assert len(q) == 3 and q[0]["raw"] == "{oops"
 
 
@@ -142,7 +148,7 @@ def test_skip_override_marks_files_applied_without_applying(spark, settings, ns)
     before = main_snapshot(spark, settings, ns)
     import datetime as dt
 
-    f = ArchiveFile(hour=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), path=f"/virtual/{ns}/bad.jsonl", size=3, sha256="ab" * 32)
+    f = ArchiveFile(hour=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), path=f"/virtual/{ns}/bad.jsonl", size=3, sha256="ab" * 32)
     bid = batch_id_for(ns, [f])
     spark.sql(f"ALTER TABLE {settings.catalog_name}.{ns}.items CREATE BRANCH audit_{bid}")  # what a failed attempt leaves
     skip = Override.parse("skip", "upstream replayed garbage, re-snapshot requested", operator="oncall")
@@ -161,7 +167,9 @@ def test_force_override_lets_a_quarantine_share_through(spark, settings, ns):
 
     bad = [Quarantined(reason="malformed JSON", raw="{oops", file="", line=i) for i in range(3)]
     force = Override.parse("force", "known bad lines from the 02:00 connector crash", operator="oncall")
-    r = apply_events(spark, settings, ns, [event("c", 2, {"name": "b", "amount": "2.00"}, pos=2)] + bad, quarantine_max_share=0.5, override=force)
+    r = apply_events(
+        spark, settings, ns, [event("c", 2, {"name": "b", "amount": "2.00"}, pos=2)] + bad, quarantine_max_share=0.5, override=force
+    )
     assert r.status == "complete" and r.failed_checks == ["quarantine_share(max=0.5, got=0.7500)"]
     assert "FORCE by oncall" in r.message
     (row,) = [x for x in ledger_rows(settings, ns, r.batch_id) if x["table_name"] == "*"]
@@ -172,18 +180,30 @@ RECONCILE_CASES = {
     # name: (branch rows (id, position, deleted), folded batch (id, action, position), failed checks)
     "consistent": ([(1, "05", False), (2, "06", True), (3, "01", False)], [(1, "upsert", "05"), (2, "delete", "06")], []),
     "position went backwards": (
-        [(1, "02", False), (2, "06", True), (3, "01", False)], [(1, "upsert", "02"), (2, "delete", "06")], ["reconcile_no_position_regression"]),
+        [(1, "02", False), (2, "06", True), (3, "01", False)],
+        [(1, "upsert", "02"), (2, "delete", "06")],
+        ["reconcile_no_position_regression"],
+    ),
     "deleted key still live": (
-        [(1, "05", False), (2, "06", False), (3, "01", False)], [(1, "upsert", "05"), (2, "delete", "06")],
-        ["reconcile_deleted_keys_absent", "reconcile_live_row_count"]),
+        [(1, "05", False), (2, "06", False), (3, "01", False)],
+        [(1, "upsert", "05"), (2, "delete", "06")],
+        ["reconcile_deleted_keys_absent", "reconcile_live_row_count"],
+    ),
     "upserted key missing": (
-        [(2, "06", True), (3, "01", False)], [(1, "upsert", "05"), (2, "delete", "06")],
-        ["reconcile_live_row_count", "reconcile_upserted_keys_present"]),
+        [(2, "06", True), (3, "01", False)],
+        [(1, "upsert", "05"), (2, "delete", "06")],
+        ["reconcile_live_row_count", "reconcile_upserted_keys_present"],
+    ),
     "upsert not at the batch's position": (
-        [(1, "04", False), (2, "06", True), (3, "01", False)], [(1, "upsert", "05"), (2, "delete", "06")], ["reconcile_upserted_keys_present"]),
+        [(1, "04", False), (2, "06", True), (3, "01", False)],
+        [(1, "upsert", "05"), (2, "delete", "06")],
+        ["reconcile_upserted_keys_present"],
+    ),
     "key twice": (
-        [(1, "05", False), (1, "05", False), (2, "06", True), (3, "01", False)], [(1, "upsert", "05"), (2, "delete", "06")],
-        ["reconcile_key_unique", "reconcile_live_row_count"]),
+        [(1, "05", False), (1, "05", False), (2, "06", True), (3, "01", False)],
+        [(1, "upsert", "05"), (2, "delete", "06")],
+        ["reconcile_key_unique", "reconcile_live_row_count"],
+    ),
 }
 
 

@@ -13,7 +13,7 @@ from cdc_apply.errors import AlreadyAppliedFileChanged
 
 
 def f(path: str, sha: str = "a" * 64) -> ArchiveFile:
-    return ArchiveFile(hour=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), path=path, size=1, sha256=sha)
+    return ArchiveFile(hour=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), path=path, size=1, sha256=sha)
 
 
 def test_line_ranges() -> None:

@@ -21,7 +21,12 @@ def test_maintenance_compacts_expires_and_purges(spark, settings):
     ident = f"{settings.catalog_name}.{ns}.items"
     files_before = spark.sql(f"SELECT count(*) FROM {ident}.files").collect()[0][0]
     snaps_before = spark.sql(f"SELECT count(*) FROM {ident}.snapshots").collect()[0][0]
-    report = maintain_source(spark, settings, SourceConfig(name=ns, format="debezium_postgres", namespace=ns), Retention(snapshot_days=0, tombstone_days=0, retain_last=1))
+    report = maintain_source(
+        spark,
+        settings,
+        SourceConfig(name=ns, format="debezium_postgres", namespace=ns),
+        Retention(snapshot_days=0, tombstone_days=0, retain_last=1),
+    )
     assert [r["table"] for r in report] == [ident]
     assert spark.sql(f"SELECT count(*) FROM {ident} WHERE _cdc_deleted").collect()[0][0] == 0  # tombstone purged
     assert sorted(r["id"] for r in spark.table(ident).collect()) == [11, 12]
@@ -112,7 +117,18 @@ def test_maintenance_folds_the_delete_files_of_a_merge_on_read_source(spark, set
 
     before = table()
     assert delete_files() >= 2  # against the first batch's data file, and against the row key 3's first update wrote
-    maintain_source(spark, settings, SourceConfig(name=ns, format="debezium_postgres", namespace=ns, merge_mode="merge-on-read"), Retention(snapshot_days=0, retain_last=1))
+    maintain_source(
+        spark,
+        settings,
+        SourceConfig(name=ns, format="debezium_postgres", namespace=ns, merge_mode="merge-on-read"),
+        Retention(snapshot_days=0, retain_last=1),
+    )
     assert delete_files() == 0
     assert table() == before
-    assert [(r["id"], r["name"]) for r in spark.table(f"{ident}_live").orderBy("id").collect()] == [(1, "v0"), (2, "x"), (3, "v3"), (4, "x"), (5, "v2")]
+    assert [(r["id"], r["name"]) for r in spark.table(f"{ident}_live").orderBy("id").collect()] == [
+        (1, "v0"),
+        (2, "x"),
+        (3, "v3"),
+        (4, "x"),
+        (5, "v2"),
+    ]

@@ -21,7 +21,9 @@ def test_two_runs_recording_one_batchs_quarantine_at_once_never_double_it(spark,
     from cdc_apply.config import SourceConfig
 
     source = SourceConfig(name="qrace", format="debezium_postgres", namespace="qrace")
-    rows = [("quarantined", f"/a/f{i}.jsonl", i, f"DecodeError: bad {i}", f"raw {i}") for i in range(5)] + [("event", "/a/g.jsonl", 1, None, "{}")]
+    rows = [("quarantined", f"/a/f{i}.jsonl", i, f"DecodeError: bad {i}", f"raw {i}") for i in range(5)] + [
+        ("event", "/a/g.jsonl", 1, None, "{}")
+    ]
     decoded = spark.createDataFrame(rows, "status string, file string, line int, reason string, raw string")
     ledger.Ledger(settings).ensure_audit_tables()
     target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"

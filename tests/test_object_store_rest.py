@@ -30,7 +30,7 @@ BUCKET = "cdc-lake"
 SOURCE = "pg_inventory"
 ARCHIVE = f"s3a://{BUCKET}/archive"
 WAREHOUSE = f"s3://{BUCKET}/warehouse"
-START = dt.datetime(2026, 1, 1, 0, tzinfo=dt.timezone.utc)
+START = dt.datetime(2026, 1, 1, 0, tzinfo=dt.UTC)
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,9 @@ def test_list_object_files_maps_hours_and_fingerprints(stack):
         key = f.path.split("://", 1)[1]
         data = fs.open_input_stream(key, compression=None).read()
         assert f.size == len(data) and f.sha256 == hashlib.sha256(data).hexdigest()
-    later = list_object_files(f"{ARCHIVE}/{SOURCE}", since=START + dt.timedelta(hours=1), until=START + dt.timedelta(hours=2), filesystem=fs)
+    later = list_object_files(
+        f"{ARCHIVE}/{SOURCE}", since=START + dt.timedelta(hours=1), until=START + dt.timedelta(hours=2), filesystem=fs
+    )
     assert [f.hour for f in later] == [START + dt.timedelta(hours=1)]
     assert list_object_files(f"{ARCHIVE}/no_such_source", filesystem=fs) == []
     # applied objects of unchanged size keep their recorded fingerprint (not downloaded again); a resized one is read
@@ -141,7 +143,7 @@ def test_apply_from_s3_archive_into_rest_catalog_on_s3(stack):
     manifest = _manifest(stack)
     proc = _cdc(env, "apply", "--source", SOURCE, "--files-from", str(manifest))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
-    result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    result = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert result["status"] == "complete", result
     assert [t["status"] for t in result["tables"]] == ["published"], result["tables"]
     assert [f["path"] for f in result["files"]] == stack["uploaded"]
@@ -170,7 +172,7 @@ def test_apply_from_s3_archive_into_rest_catalog_on_s3(stack):
     # pyiceberg through the project's own settings (Settings.pyiceberg_properties)
     status = _cdc(env, "status", "--source", SOURCE, timeout=120)
     assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-3000:]
-    (line,) = json.loads(status.stdout[status.stdout.index("["):])
+    (line,) = json.loads(status.stdout[status.stdout.index("[") :])
     assert (line["table"], line["rows"], line["tombstones"]) == (f"{SOURCE}.customers", 5, 1)
 
 

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[1]
-T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def _msg(schema: str, table: str, key: int, lsn: int, op: str = "c", name: str = "x") -> str:
@@ -105,7 +105,9 @@ def test_refused_table_name_is_quarantined_and_the_batch_completes(spark, settin
     refused = [t for t in res["tables"] if t["status"] == "refused"]
     assert [(t["table"], t["counts"]) for t in refused] == [("inventory.public.my-table", {"quarantined": 2})]
     assert _live(spark, f"{settings.catalog_name}.refuse.customers") == {1}
-    q = spark.sql(f"SELECT line, reason, raw FROM {settings.catalog_name}.{settings.audit_namespace}.quarantine WHERE batch_id = '{res['batch_id']}' ORDER BY line").collect()
+    q = spark.sql(
+        f"SELECT line, reason, raw FROM {settings.catalog_name}.{settings.audit_namespace}.quarantine WHERE batch_id = '{res['batch_id']}' ORDER BY line"
+    ).collect()
     assert [r["line"] for r in q] == [2, 3] and all("refused table inventory.public.my-table" in r["reason"] for r in q)
     assert all('"my-table"' in r["raw"] for r in q)
     code, res = _apply(capsys, "--source", "refuse", "--dir", str(folder))
@@ -237,7 +239,9 @@ def test_a_killed_maintenance_lock_is_recovered_by_apply_and_maintenance(spark, 
     assert _apply(capsys, "--source", "maintkill", "--dir", str(tmp_path / "arch"))[0] == 0
     ident = f"{settings.catalog_name}.maintkill.customers"
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'spark_jobs'}:{ROOT}", "CDC_SPARK_MASTER": "local[1]"}
-    proc = subprocess.Popen([sys.executable, "-c", _MAINTAIN_AND_HANG, ident], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _MAINTAIN_AND_HANG, ident], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.stdout.readline().strip() != "LOCKED":
@@ -294,9 +298,19 @@ def test_hostile_key_names_are_stored_exactly_and_inject_nothing(spark, settings
 
     ns = f"hostile_{abs(hash(key)) % 10_000}"
     ev = ChangeEvent(
-        format="debezium_postgres", database="db", schema="public", table="items", op=Op("c"), key_columns=[key],
-        after={key: "1", "v": "a"}, before=None, position=f"{1:020d}", columns=[Column(key, "int", False), Column("v", "string")],
-        file="", line=1, commit_ts_us=1_700_000_000_000_000,
+        format="debezium_postgres",
+        database="db",
+        schema="public",
+        table="items",
+        op=Op("c"),
+        key_columns=[key],
+        after={key: "1", "v": "a"},
+        before=None,
+        position=f"{1:020d}",
+        columns=[Column(key, "int", False), Column("v", "string")],
+        file="",
+        line=1,
+        commit_ts_us=1_700_000_000_000_000,
     )
     res = apply_events(spark, settings, ns, [ev])
     assert res.status == "complete", res.message
@@ -313,9 +327,19 @@ def test_quarantine_reasons_are_counted_by_class_with_the_detail_kept(spark, set
     from cdc_apply.model import Quarantined
     from tests.apply_harness import apply_events, event
 
-    bad = [Quarantined(reason=f"DecodeError: malformed JSON: unexpected character: line 1 column {i} (char {i - 1})", raw="{", file="/virtual/qc/f.jsonl", line=i) for i in range(1, 926)]
+    bad = [
+        Quarantined(
+            reason=f"DecodeError: malformed JSON: unexpected character: line 1 column {i} (char {i - 1})",
+            raw="{",
+            file="/virtual/qc/f.jsonl",
+            line=i,
+        )
+        for i in range(1, 926)
+    ]
     res = apply_events(spark, settings, "qclass", [event("c", 1, {"name": "a"}, pos=1, file="/virtual/qc/f.jsonl", line=2000), *bad])
     assert res.status == "complete"
     assert {k: v for k, v in res.messages.items() if ":" in k} == {"quarantined:malformed-json": 925}
-    reasons = spark.sql(f"SELECT count(DISTINCT reason) FROM {settings.catalog_name}.{settings.audit_namespace}.quarantine WHERE batch_id = '{res.batch_id}'").collect()[0][0]
+    reasons = spark.sql(
+        f"SELECT count(DISTINCT reason) FROM {settings.catalog_name}.{settings.audit_namespace}.quarantine WHERE batch_id = '{res.batch_id}'"
+    ).collect()[0][0]
     assert reasons == 925

@@ -36,7 +36,11 @@ def test_unreadable_hour_folder_fails_the_listing_as_a_real_non_root_user(tmp_pa
     _two_hours(base)
     # the package under test, copied where `nobody` can read it (a checkout may sit in a 0700 folder)
     code_dir = base.parent / "code"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "spark_jobs" / "cdc_apply", code_dir / "cdc_apply", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        Path(__file__).resolve().parents[1] / "spark_jobs" / "cdc_apply",
+        code_dir / "cdc_apply",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     for p in [base.parent, *base.parent.rglob("*")]:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
     os.chmod(base / "2026/01/01/00", 0)
@@ -48,7 +52,10 @@ def test_unreadable_hour_folder_fails_the_listing_as_a_real_non_root_user(tmp_pa
     )
     proc = subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code, str(base)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(code_dir)}, cwd="/",
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(code_dir)},
+        cwd="/",
     )
     os.chmod(base / "2026/01/01/00", 0o755)
     assert proc.returncode == 3, proc.stdout + proc.stderr
@@ -81,7 +88,11 @@ def test_cdc_pending_fails_with_exit_1_instead_of_listing_the_later_hour(tmp_pat
     monkeypatch.setenv("CDC_SOURCES_FILE", str(sources))
     early, late = _two_hours(tmp_path / "archive" / "unread")
     real = os.scandir
-    monkeypatch.setattr(os, "scandir", lambda p=".": (_ for _ in ()).throw(PermissionError(13, "Permission denied", str(p))) if Path(p) == early.parent else real(p))
+    monkeypatch.setattr(
+        os,
+        "scandir",
+        lambda p=".": (_ for _ in ()).throw(PermissionError(13, "Permission denied", str(p))) if Path(p) == early.parent else real(p),
+    )
     assert cli.main(["pending", "--source", "unread"]) == 1
     out = capsys.readouterr()
     assert str(late) not in out.out and "cannot be listed" in out.err and str(early.parent) in out.err
@@ -90,7 +101,13 @@ def test_cdc_pending_fails_with_exit_1_instead_of_listing_the_later_hour(tmp_pat
 def test_unreadable_file_is_a_named_transient_error(tmp_path, monkeypatch):
     f = files.write_jsonl(tmp_path / "a.jsonl", ['{"x":1}'])
     real_open = Path.open
-    monkeypatch.setattr(Path, "open", lambda self, *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied", str(self))) if self == f else real_open(self, *a, **k))
+    monkeypatch.setattr(
+        Path,
+        "open",
+        lambda self, *a, **k: (
+            (_ for _ in ()).throw(PermissionError(13, "Permission denied", str(self))) if self == f else real_open(self, *a, **k)
+        ),
+    )
     with pytest.raises(ArchiveUnreadable, match=f"archive file {f} cannot be read"):
         listing.sha256_of(f)
 

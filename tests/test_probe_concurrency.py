@@ -31,7 +31,7 @@ def test_two_concurrent_applies_of_one_batch(spark, settings, tmp_path, monkeypa
     codes = [p.returncode for p in procs]
     report = "\n".join(f"exit {c}\n{o[0][-3000:]}\n{o[1][-3000:]}" for c, o in zip(codes, outs))
     assert set(codes) <= {0, 1}, report  # never terminal: a retry must be allowed
-    for code, (out, err) in zip(codes, outs):
+    for code, (out, _err) in zip(codes, outs):
         if code == 1:  # the loser says what happened, in words, not a raw Iceberg exception
             message = json.loads(out)["message"]
             assert "another run is applying batch" in message or "main moved since branch" in message, report

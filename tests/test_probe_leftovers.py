@@ -13,15 +13,19 @@ import pytest
 import yaml
 
 from cdc_apply.archive.files import write_jsonl
-from cdc_apply.config import Settings
 from cdc_apply.batch import run_batch
+from cdc_apply.config import Settings
 from tests.apply_harness import apply_events, event, live_rows
 from tests.test_cockroachdb_envelopes_apply import example, kafka
 
 pytestmark = pytest.mark.spark
 _n = itertools.count()
 
-LAMP, SPEAKER, MOUSE = "32856ed8-34d3-45a3-a449-412bdeaa277c", "58390d92-2472-43e1-86bc-1642395e8dad", "cb1a3e43-dccf-422f-a27d-ea027c233682"
+LAMP, SPEAKER, MOUSE = (
+    "32856ed8-34d3-45a3-a449-412bdeaa277c",
+    "58390d92-2472-43e1-86bc-1642395e8dad",
+    "cb1a3e43-dccf-422f-a27d-ea027c233682",
+)
 PRODUCT_COLS = {"id": "string", "name": "string"}
 
 
@@ -31,8 +35,13 @@ def source(monkeypatch, tmp_path):
 
     def make(**options):
         name = f"crdb_left_{next(_n)}"
-        spec = {"format": "cockroachdb", "namespace": name, "quarantine_max_share": 0.0,
-                "tables": {"products": {"primary_key": ["id"]}, "items": {"primary_key": ["id"]}}, **options}
+        spec = {
+            "format": "cockroachdb",
+            "namespace": name,
+            "quarantine_max_share": 0.0,
+            "tables": {"products": {"primary_key": ["id"]}, "items": {"primary_key": ["id"]}},
+            **options,
+        }
         sources_file = tmp_path / f"{name}.yaml"
         sources_file.write_text(yaml.safe_dump({"sources": {name: spec}}))
         monkeypatch.setenv("CDC_SOURCES_FILE", str(sources_file))
@@ -79,14 +88,19 @@ def test_a_table_under_two_names_across_batches_stays_one_target(spark, source):
     result = run_batch(s, name, spark=spark)
     assert result.status == "complete", result.to_json()
     assert _names(spark, s, name) == {(LAMP,), (SPEAKER,), (MOUSE,)}
-    assert spark.sql(f"SHOW TABLES IN {s.catalog_name}.{name}").where("tableName LIKE 'products%' AND NOT tableName LIKE '%_live'").count() == 1
+    assert (
+        spark.sql(f"SHOW TABLES IN {s.catalog_name}.{name}").where("tableName LIKE 'products%' AND NOT tableName LIKE '%_live'").count()
+        == 1
+    )
 
 
 def test_a_bare_name_matching_two_qualified_tables_is_refused_once_naming_them(spark, source):
     """``items`` next to ``db.a.items`` and ``db.b.items`` (each mapped to its
     own target): which one the bare name means cannot be known — refused,
     terminal, naming all three; nothing applied."""
-    s, name, root = source(tables={"items": {"primary_key": ["id"]}, "db.a.items": {"target": "a_items"}, "db.b.items": {"target": "b_items"}})
+    s, name, root = source(
+        tables={"items": {"primary_key": ["id"]}, "db.a.items": {"target": "a_items"}, "db.b.items": {"target": "b_items"}}
+    )
     write_jsonl(root / "kafka" / "1.jsonl", [_item(1, "x", "items", 1), _item(2, "y", "db.a.items", 2), _item(3, "z", "db.b.items", 3)])
     result = run_batch(s, name, spark=spark)
     assert result.status == "failed"
@@ -146,8 +160,12 @@ def test_a_zstd_cloud_storage_file_is_applied(spark, source):
     """CockroachDB's cloud-storage sink with compression=zstd: the table from
     the file name, the lines from the zstd stream, decoded in Spark."""
     s, name, root = source()
-    lines = [json.dumps({"after": {"id": k, "name": f"n{k}"}, "key": [k], "updated": f"{1700000000000000000 + k}.0000000000"}) for k in (1, 2, 3)]
-    path = write_jsonl(root / "2025-04-24" / "202504241459289627550000000000000-56087568dba1e6b8-1-72-00000000-items-1.ndjson.zst", lines, compress="zstd")
+    lines = [
+        json.dumps({"after": {"id": k, "name": f"n{k}"}, "key": [k], "updated": f"{1700000000000000000 + k}.0000000000"}) for k in (1, 2, 3)
+    ]
+    path = write_jsonl(
+        root / "2025-04-24" / "202504241459289627550000000000000-56087568dba1e6b8-1-72-00000000-items-1.ndjson.zst", lines, compress="zstd"
+    )
     assert path.read_bytes()[:4] == b"\x28\xb5\x2f\xfd"
     result = run_batch(s, name, spark=spark)
     assert result.status == "complete", result.to_json()

@@ -60,8 +60,16 @@ def test_sql_string_is_read_back_exactly_by_spark(spark, text):
 @pytest.mark.parametrize(
     "typ, value, expected",
     [
-        ("boolean", True, "true"), ("boolean", "TRUE", "true"), ("boolean", "t", "true"), ("boolean", 0, "false"), ("boolean", "0", "false"),
-        ("int", "42", "42"), ("int", "-7", "-7"), ("int", "+7", "7"), ("bigint", 5.0, "5"), ("int", None, None),
+        ("boolean", True, "true"),
+        ("boolean", "TRUE", "true"),
+        ("boolean", "t", "true"),
+        ("boolean", 0, "false"),
+        ("boolean", "0", "false"),
+        ("int", "42", "42"),
+        ("int", "-7", "-7"),
+        ("int", "+7", "7"),
+        ("bigint", 5.0, "5"),
+        ("int", None, None),
     ],
 )
 def test_values_a_source_sends_are_accepted(typ, value, expected):
@@ -73,8 +81,18 @@ def test_values_a_source_sends_are_accepted(typ, value, expected):
 @pytest.mark.parametrize(
     "typ, value",
     [
-        ("boolean", "yes"), ("boolean", "no"), ("boolean", "y"), ("boolean", 2), ("boolean", 1.0),
-        ("int", "1_000"), ("int", "\u0661\u0662"), ("int", "1.5"), ("int", True), ("int", str(2**31)), ("bigint", str(2**63)), ("int", ""),
+        ("boolean", "yes"),
+        ("boolean", "no"),
+        ("boolean", "y"),
+        ("boolean", 2),
+        ("boolean", 1.0),
+        ("int", "1_000"),
+        ("int", "\u0661\u0662"),
+        ("int", "1.5"),
+        ("int", True),
+        ("int", str(2**31)),
+        ("bigint", str(2**63)),
+        ("int", ""),
     ],
 )
 def test_garbage_values_are_refused(typ, value):
@@ -89,14 +107,18 @@ def _pg_insert(after: dict, lsn: int) -> str:
 
     from cdc_apply.demo import pg_message
 
-    return pg_message("c", lsn, 1, dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), None, after)
+    return pg_message("c", lsn, 1, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), None, after)
 
 
 @pytest.mark.parametrize(
     "after, lsn, reason",
     [
         ({"id": 1, "first_name": "a", "last_name": "b", "email": "e", "balance": None, "updated_at": None}, 2**64, "does not fit 64 bits"),
-        ({"id": 1, "first_name": None, "last_name": "b", "email": "e", "balance": None, "updated_at": None}, 100, "null in a non-optional column"),
+        (
+            {"id": 1, "first_name": None, "last_name": "b", "email": "e", "balance": None, "updated_at": None},
+            100,
+            "null in a non-optional column",
+        ),
     ],
     ids=["lsn-2^64", "null-in-not-null"],
 )
@@ -120,7 +142,9 @@ def test_a_null_in_a_delete_before_image_is_kept():
     from cdc_apply.model import ChangeEvent, RawMessage
 
     before = {"id": 1, "first_name": None, "last_name": None, "email": None, "balance": None, "updated_at": None}
-    out = make_decoder("debezium_postgres", DecodeContext(source="s")).decode(RawMessage("f", 1, pg_message("d", 100, 1, dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), before, None)))
+    out = make_decoder("debezium_postgres", DecodeContext(source="s")).decode(
+        RawMessage("f", 1, pg_message("d", 100, 1, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), before, None))
+    )
     assert isinstance(out[0], ChangeEvent)
 
 
@@ -130,7 +154,13 @@ def test_a_null_in_a_delete_before_image_is_kept():
 def test_every_decoder_uses_the_one_identifier_check():
     from cdc_apply.decode import base, cockroachdb, debezium_common, qlik, sqlserver_ces
 
-    assert debezium_common.check_identifier is qlik.check_identifier is sqlserver_ces.check_identifier is cockroachdb.check_identifier is base.check_identifier
+    assert (
+        debezium_common.check_identifier
+        is qlik.check_identifier
+        is sqlserver_ces.check_identifier
+        is cockroachdb.check_identifier
+        is base.check_identifier
+    )
 
 
 @pytest.mark.parametrize("name", ["a`b", "x" * 129, "a\x00b", "", "  ", 5, None, "a\u2028b"])

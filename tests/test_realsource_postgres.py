@@ -37,7 +37,6 @@ SCALE = float(os.environ.get("CDC_CONFORMANCE_SCALE", "1"))
 HOURS = int(os.environ.get("CDC_CONFORMANCE_HOURS", "3"))
 
 
-
 def _missing_prerequisite() -> str | None:
     if not Path(os.environ.get("CDC_PG_BIN", "/usr/lib/postgresql/15/bin"), "initdb").exists():
         return "PostgreSQL 15 server binaries are not installed (apt-get install postgresql-15, or set CDC_PG_BIN)"

@@ -21,8 +21,16 @@ def test_add_widen_refuse(spark, settings):
     r = apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "qty": "1"}, pos=1, columns=BASE)])
     assert r.status == "complete", r.message
 
-    wider = [Column("id", "int", False), Column("name", "string"), Column("qty", "bigint"), Column("email", "string"), Column("price", "decimal(12,2)")]
-    r = apply_events(spark, settings, ns, [event("u", 2, {"name": "b", "qty": str(2**40), "email": "b@x", "price": "1.25"}, pos=2, columns=wider)])
+    wider = [
+        Column("id", "int", False),
+        Column("name", "string"),
+        Column("qty", "bigint"),
+        Column("email", "string"),
+        Column("price", "decimal(12,2)"),
+    ]
+    r = apply_events(
+        spark, settings, ns, [event("u", 2, {"name": "b", "qty": str(2**40), "email": "b@x", "price": "1.25"}, pos=2, columns=wider)]
+    )
     assert r.status == "complete", r.message
     changes = r.tables[0].schema_changes
     assert "widened column qty int -> bigint" in changes and "added column email string" in changes

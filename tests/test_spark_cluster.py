@@ -62,7 +62,18 @@ def standalone_cluster(tmp_path):
     try:
         wait_json(f"http://127.0.0.1:{ui}/json/", lambda j: j.get("status") == "ALIVE")
         worker = start(
-            ["org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--webui-port", str(worker_ui), "--cores", "2", "--memory", "2g"],
+            [
+                "org.apache.spark.deploy.worker.Worker",
+                f"spark://127.0.0.1:{port}",
+                "--host",
+                "127.0.0.1",
+                "--webui-port",
+                str(worker_ui),
+                "--cores",
+                "2",
+                "--memory",
+                "2g",
+            ],
             log,
         )
         wait_json(f"http://127.0.0.1:{ui}/json/", lambda j: len([w for w in j.get("workers", []) if w["state"] == "ALIVE"]) == 1)
@@ -115,8 +126,13 @@ def test_spark_connect_server_on_a_standalone_cluster(tmp_path, monkeypatch):
         write_demo_archive(Settings.from_env())
         with running_connect_server(tmp_path / "connect.log", env=env) as url:
             result = tmp_path / "result.json"
-            proc = subprocess.run([str(VENV_BIN / "cdc"), "apply", "--source", "pg_inventory", "--result-file", str(result)],
-                                  env={**env, "CDC_SPARK_REMOTE": url}, capture_output=True, text=True, timeout=600)
+            proc = subprocess.run(
+                [str(VENV_BIN / "cdc"), "apply", "--source", "pg_inventory", "--result-file", str(result)],
+                env={**env, "CDC_SPARK_REMOTE": url},
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             assert proc.returncode == 0, proc.stderr[-5000:]
             assert json.loads(result.read_text())["status"] == "complete"
             check_demo_table(env)

@@ -65,7 +65,9 @@ def test_jobs_run_on_a_spark_connect_server(tmp_path, monkeypatch):
     other["CDC_HOME"] = str(tmp_path / "third")
     gone = cdc(other, "apply", "--source", "pg_inventory", "--dir", str(Path(settings.archive_dir) / "pg_inventory"))
     assert gone.returncode == 1, gone.stderr[-3000:]
-    assert f"cannot reach the Spark Connect server at CDC_SPARK_REMOTE={url}: [Errno 111] Connection refused" in gone.stderr, gone.stderr[-3000:]
+    assert f"cannot reach the Spark Connect server at CDC_SPARK_REMOTE={url}: [Errno 111] Connection refused" in gone.stderr, gone.stderr[
+        -3000:
+    ]
 
 
 def test_spark_remote_must_be_a_connect_url(monkeypatch):

@@ -39,8 +39,17 @@ def discover(
     from cdc_apply.errors import TerminalError
 
     try:
-        return _discover(source, data_interval_end, run_id, max_files, table_filter=table_filter, dry_run=dry_run,
-                         override=override, override_reason=override_reason, operator=operator)
+        return _discover(
+            source,
+            data_interval_end,
+            run_id,
+            max_files,
+            table_filter=table_filter,
+            dry_run=dry_run,
+            override=override,
+            override_reason=override_reason,
+            operator=operator,
+        )
     except TerminalError as exc:
         import logging
 
@@ -48,7 +57,9 @@ def discover(
         raise AirflowFailException(config_steps(str(exc))) from None
 
 
-def _discover(source, data_interval_end, run_id, max_files, *, table_filter, dry_run, override, override_reason, operator) -> dict[str, Any]:
+def _discover(
+    source, data_interval_end, run_id, max_files, *, table_filter, dry_run, override, override_reason, operator
+) -> dict[str, Any]:
     import re
 
     from cdc_apply.archive.files import write_manifest
@@ -60,7 +71,9 @@ def _discover(source, data_interval_end, run_id, max_files, *, table_filter, dry
     settings = Settings.from_env()
     src = get_source(settings, source)
     if override not in (None, "", "none") and not (override_reason or "").strip():
-        raise ConfigError(f"override={override!r} needs an override_reason (why; it goes to the ledger): set it in the trigger form or --conf")
+        raise ConfigError(
+            f"override={override!r} needs an override_reason (why; it goes to the ledger): set it in the trigger form or --conf"
+        )
     chosen = Override.parse(override, override_reason, operator)  # fails here, before any Spark, without a reason
     table_filter = "" if (table_filter or "").strip() in ("", ".*") else table_filter.strip()
     try:
@@ -140,11 +153,10 @@ def finish(result_file: str | None) -> dict[str, Any]:
     no batch was started, so there is nothing to record."""
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+    from cdc_airflow.guidance import headline, next_steps
     from cdc_apply.batch import finish_batch
     from cdc_apply.config import Settings
     from cdc_apply.results import load_result, save_result
-
-    from cdc_airflow.guidance import headline, next_steps
 
     if result_file is None:
         raise AirflowSkipException("nothing to finish: discover failed before a batch started (its log says why)")
@@ -158,7 +170,17 @@ def finish(result_file: str | None) -> dict[str, Any]:
         "messages": result.messages,
         "message": result.message,
         "override": result.override,
-        "tables": [{"table": t.table, "status": t.status, "counts": t.counts, "snapshot_id": _id(t.snapshot_id), "data_docs": t.data_docs, "override": t.override} for t in result.tables],
+        "tables": [
+            {
+                "table": t.table,
+                "status": t.status,
+                "counts": t.counts,
+                "snapshot_id": _id(t.snapshot_id),
+                "data_docs": t.data_docs,
+                "override": t.override,
+            }
+            for t in result.tables
+        ],
     }
     if result.status == "failed":
         import logging
@@ -186,7 +208,9 @@ def report(found: dict[str, Any] | None) -> None:
     if not found:
         log.error("no batch: discover failed (a configuration error; its log says what to fix)")
         raise AirflowFailException("the run failed in discover: no batch was started")
-    log.info("discovered %s file(s) (%s bytes) for source %s until %s", found["files"], found["bytes"], found["source"], found["until"] or "now")
+    log.info(
+        "discovered %s file(s) (%s bytes) for source %s until %s", found["files"], found["bytes"], found["source"], found["until"] or "now"
+    )
     path = Path(found["result_file"])
     if not path.exists():
         log.error("no batch result at %s: the apply task did not write one (see its log)", path)

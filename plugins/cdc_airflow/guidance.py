@@ -62,11 +62,17 @@ def next_steps(source: str, batch_id: str | None = None) -> str:
             f"  1. fix and re-run: fix the data upstream (a new archive file) or the suite in include/expectations/, then trigger {DAG_ID} "
             f"with {trigger_conf(source)} (or wait for the next hourly run); the same files are applied again from a fresh branch",
             f"  2. force: publish despite the failed checks: trigger {DAG_ID} with {trigger_conf(source, override='force', override_reason=reason)}"
-            f" | CLI: ./dev cdc apply --source {source} --override force --override-reason \"...\"",
+            f' | CLI: ./dev cdc apply --source {source} --override force --override-reason "..."',
             f"  3. skip: never apply the pending files, mark them applied: trigger {DAG_ID} with {trigger_conf(source, override='skip', override_reason=reason)}"
-            f" | CLI: ./dev cdc apply --source {source} --override skip --override-reason \"...\"",
+            f' | CLI: ./dev cdc apply --source {source} --override skip --override-reason "..."',
         ]
-        + ([f"  batch {batch_id}: SELECT table_name, status, failed_expectations, message FROM lake.cdc_audit.batches WHERE batch_id = '{batch_id}'"] if batch_id else [])
+        + (
+            [
+                f"  batch {batch_id}: SELECT table_name, status, failed_expectations, message FROM lake.cdc_audit.batches WHERE batch_id = '{batch_id}'"
+            ]
+            if batch_id
+            else []
+        )
     )
 
 
@@ -112,7 +118,9 @@ def headline(result: dict[str, Any] | None) -> str:
         head = f"FAILED: {', '.join(failed) or 'the batch'}"
         if applied:
             head += f"; applied {n} change(s) to {len(applied)} other table(s)"
-        return head + (f" - {(result.get('message') or '')[:300]}" if not failed else " (gate failed: fix and re-run, or force / skip with a reason)")
+        return head + (
+            f" - {(result.get('message') or '')[:300]}" if not failed else " (gate failed: fix and re-run, or force / skip with a reason)"
+        )
     written = [t for t in tables if t.get("status") in ("written", "validated")]
     if written and not applied:  # the write stage's result: nothing is published yet
         return f"wrote {sum(changes(t.get('counts')) for t in written)} change(s) to {len(written)} table(s) on their audit branches (published after the gate)"

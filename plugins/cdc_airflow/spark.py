@@ -66,7 +66,7 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
                         super().execute(context)
                     finally:
                         self.conf = own_conf
-        except Exception as exc:
+        except Exception:
             result = self._result()
             if result and result.get("status") == "failed" and _terminal(result):
                 from cdc_airflow.guidance import next_steps
@@ -145,7 +145,15 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
 _LEVEL = re.compile(r"^(?:\S+ \S+|\d\d/\d\d/\d\d \d\d:\d\d:\d\d)[ ,.\d]* (DEBUG|INFO|WARN|WARNING|ERROR|CRITICAL|FATAL)\b")
 """the level of a job line: ours (``2026-01-01 03:00:00,123 WARNING name: ...``,
 cdc_apply/runtime/logs.py) or log4j's (``26/01/01 03:00:00 WARN Class: ...``)"""
-_LEVELS = {"DEBUG": "debug", "INFO": "info", "WARN": "warning", "WARNING": "warning", "ERROR": "error", "CRITICAL": "critical", "FATAL": "critical"}
+_LEVELS = {
+    "DEBUG": "debug",
+    "INFO": "info",
+    "WARN": "warning",
+    "WARNING": "warning",
+    "ERROR": "error",
+    "CRITICAL": "critical",
+    "FATAL": "critical",
+}
 _CHATTER = re.compile(
     r"^(?:\d\d/\d\d/\d\d \d\d:\d\d:\d\d (?:INFO \w+|WARN (?:Utils: (?:Your hostname|Set SPARK_LOCAL_IP|Service 'SparkUI' could not bind)|NativeCodeLoader|SparkStringUtils: Truncated))"
     r"|WARNING: Using incubator modules|Using Spark's default log4j profile|Setting Spark log level to)"

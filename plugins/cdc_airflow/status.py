@@ -17,7 +17,7 @@ def table_status(settings) -> list[dict[str, Any]]:
 
     ledger = Ledger(settings)
     catalog = ledger.catalog
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     out = []
     for src in load_sources(settings).values():
         try:

@@ -117,32 +117,80 @@ def create_app() -> FastAPI:
         prefix = request.scope.get("root_path", "")
         settings = _settings()
         rows = table_status(settings)
-        head = "".join(f"<th>{h}</th>" for h in ("table", "last batch", "status", "source position", "applied at", "lag (min)", "pending files", "live rows", "tombstones", "snapshot", "last failure", "Data Docs"))
+        head = "".join(
+            f"<th>{h}</th>"
+            for h in (
+                "table",
+                "last batch",
+                "status",
+                "source position",
+                "applied at",
+                "lag (min)",
+                "pending files",
+                "live rows",
+                "tombstones",
+                "snapshot",
+                "last failure",
+                "Data Docs",
+            )
+        )
         body = []
         for r in rows:
             fail = r["last_failure"]
-            fail_cell = "<td>–</td>" if not fail else (
-                f"<td class='failed'><b>{html.escape(fail['batch_id'] or '')}</b> {html.escape(fail['at'] or '')}<br>"
-                f"{html.escape(', '.join(fail['failed_expectations']))}<details><summary>message</summary>{html.escape(fail['message'])}</details></td>"
+            fail_cell = (
+                "<td>–</td>"
+                if not fail
+                else (
+                    f"<td class='failed'><b>{html.escape(fail['batch_id'] or '')}</b> {html.escape(fail['at'] or '')}<br>"
+                    f"{html.escape(', '.join(fail['failed_expectations']))}<details><summary>message</summary>{html.escape(fail['message'])}</details></td>"
+                )
             )
             url = docs_url(r["data_docs"], settings.home)
             docs = f"<td><a href='{html.escape(url)}'>open</a></td>" if url else "<td>–</td>"
-            pending = f"{r['pending_files']}" + (f" (oldest {r['oldest_pending_hour']})" if r["oldest_pending_hour"] else "") + (f" {r['pending_error']}" if r["pending_error"] else "")
-            body.append(
-                f"<tr data-table='{html.escape(r['table'])}'>" + _cell(r["table"]) + _cell(r["last_batch"]) + _cell(r["last_status"]) + _cell(r["last_position"])
-                + _cell(r["last_applied_at"]) + _cell(r["lag_minutes"]) + _cell(pending) + _cell(r["live_rows"]) + _cell(r["tombstones"])
-                + _cell(r["snapshot_id"]) + fail_cell + docs + "</tr>"
+            pending = (
+                f"{r['pending_files']}"
+                + (f" (oldest {r['oldest_pending_hour']})" if r["oldest_pending_hour"] else "")
+                + (f" {r['pending_error']}" if r["pending_error"] else "")
             )
-        table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>" if body else "<p>No table has been applied yet.</p>"
-        return _page("CDC tables", table + f"<p><a href='{prefix}/docs/'>All Data Docs</a> · JSON: <a href='{prefix}/status.json'>status.json</a></p>", prefix)
+            body.append(
+                f"<tr data-table='{html.escape(r['table'])}'>"
+                + _cell(r["table"])
+                + _cell(r["last_batch"])
+                + _cell(r["last_status"])
+                + _cell(r["last_position"])
+                + _cell(r["last_applied_at"])
+                + _cell(r["lag_minutes"])
+                + _cell(pending)
+                + _cell(r["live_rows"])
+                + _cell(r["tombstones"])
+                + _cell(r["snapshot_id"])
+                + fail_cell
+                + docs
+                + "</tr>"
+            )
+        table = (
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+            if body
+            else "<p>No table has been applied yet.</p>"
+        )
+        return _page(
+            "CDC tables",
+            table + f"<p><a href='{prefix}/docs/'>All Data Docs</a> · JSON: <a href='{prefix}/status.json'>status.json</a></p>",
+            prefix,
+        )
 
     @app.get("/docs/", dependencies=[Depends(user_may_read)])
     def docs_index(request: Request) -> HTMLResponse:
         prefix = request.scope.get("root_path", "")
         root = docs_root()
-        sites = sorted(root.glob("*/*/gx/uncommitted/data_docs/local_site/index.html"), key=lambda p: p.stat().st_mtime, reverse=True) if root.is_dir() else []
+        sites = (
+            sorted(root.glob("*/*/gx/uncommitted/data_docs/local_site/index.html"), key=lambda p: p.stat().st_mtime, reverse=True)
+            if root.is_dir()
+            else []
+        )
         items = "".join(
-            f"<li><a href='{prefix}/docs/{html.escape(p.parts[-7])}/{html.escape(p.parts[-6])}/'>{html.escape(p.parts[-7])} — {html.escape(p.parts[-6])}</a></li>" for p in sites
+            f"<li><a href='{prefix}/docs/{html.escape(p.parts[-7])}/{html.escape(p.parts[-6])}/'>{html.escape(p.parts[-7])} — {html.escape(p.parts[-6])}</a></li>"
+            for p in sites
         )
         return _page("CDC Data Docs", f"<ul>{items}</ul>" if items else "<p>No validation has run yet.</p>", prefix)
 

@@ -114,7 +114,9 @@ def run_batch(
 
     spark = spark or get_spark(settings)
     state = ledger.Ledger(settings).latest_decoder_state(source.name)
-    ctx = DecodeContext(source=source.name, primary_keys=source.primary_keys, state=state, options=source.decode_options(), declared_types=source.columns)
+    ctx = DecodeContext(
+        source=source.name, primary_keys=source.primary_keys, state=state, options=source.decode_options(), declared_types=source.columns
+    )
     if source.format in ("debezium_postgres", "debezium_sqlserver"):  # they type schemaless messages by the stored tables
         t0 = time.time()
         ctx.stored_types = tables.stored_column_types(spark, settings.catalog_name, source.namespace)
@@ -138,7 +140,7 @@ def skip_batch(settings: Settings, source: SourceConfig, result: BatchResult, *,
     attempt of the same batch left behind are dropped."""
     result.status = Status.DRY_RUN if dry_run else Status.SKIPPED
     result.message = f"{result.describe_override()}; {len(result.files)} file(s) marked applied without applying them"
-    result.started_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    result.started_at = dt.datetime.now(dt.UTC).isoformat()
     if not dry_run:
         published = ledger.Ledger(settings).published_tables(source.namespace, result.id)
         if published:  # a run applied it meanwhile (or before its finish recorded it): its files are applied
@@ -170,7 +172,7 @@ def apply_decoded(
     the latest from the ledger.
     """
     state = dict(ledger.Ledger(settings).latest_decoder_state(source.name) if decoder_state is None else decoder_state)
-    result.started_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    result.started_at = dt.datetime.now(dt.UTC).isoformat()
     result.stage = "write"
     # lines of partly applied files that an earlier batch accounted for are not read again
     decoded = held.only_held_lines(spark, decoded, held.prior_in_batch(state, files)).persist()
@@ -196,7 +198,9 @@ def apply_decoded(
 def _count_messages(decoded: DataFrame, result: BatchResult) -> dict[tuple[str, str], int]:
     """Every message read, by status and reason class (the detail is in the
     quarantine row), into ``result.messages``; returns the exact counts."""
-    status_counts = {(r["status"], r["reason"]): r["n"] for r in decoded.groupBy("status", "reason").agg(F.count(F.lit(1)).alias("n")).collect()}
+    status_counts = {
+        (r["status"], r["reason"]): r["n"] for r in decoded.groupBy("status", "reason").agg(F.count(F.lit(1)).alias("n")).collect()
+    }
     messages = {"read": sum(status_counts.values())}
     for (status, reason), n in status_counts.items():
         messages[status] = messages.get(status, 0) + n
@@ -244,8 +248,14 @@ def _quarantine_over_limit(settings: Settings, source: SourceConfig, result: Bat
 
 
 def _apply_tables(
-    spark: SparkSession, settings: Settings, source: SourceConfig, result: BatchResult, files: list[ArchiveFile],
-    events: DataFrame, state: dict[str, Any], dry_run: bool,
+    spark: SparkSession,
+    settings: Settings,
+    source: SourceConfig,
+    result: BatchResult,
+    files: list[ArchiveFile],
+    events: DataFrame,
+    state: dict[str, Any],
+    dry_run: bool,
 ) -> None:
     """One ``apply_table`` per source table of the batch, after refusing the
     tables without a valid target and those colliding on one."""
@@ -264,7 +274,9 @@ def _apply_tables(
         if ident in refused:
             continue
         if ident in collisions:
-            result.tables.append(TableResult(table=meta["table_name"], status=Status.FAILED, message=f"ConfigError: {collisions[ident]}", terminal=True))
+            result.tables.append(
+                TableResult(table=meta["table_name"], status=Status.FAILED, message=f"ConfigError: {collisions[ident]}", terminal=True)
+            )
             continue
         tr = apply_table(work, events, meta, targets[ident])
         _count_keyless(result, tr)
@@ -304,7 +316,10 @@ def _fuller_names(table_meta: list) -> tuple[dict[str, str], dict[str, str]]:
         if not fuller:
             continue
         best = max(fuller, key=tables.qualification)
-        if all(tables.same_table(best, i) for i in fuller) and sum(tables.qualification(i) == tables.qualification(best) for i in fuller) == 1:
+        if (
+            all(tables.same_table(best, i) for i in fuller)
+            and sum(tables.qualification(i) == tables.qualification(best) for i in fuller) == 1
+        ):
             aliases[ident] = best
         else:
             names = sorted(tables.describe_identity(i) for i in fuller)
@@ -322,7 +337,9 @@ def _rename_tables(events: DataFrame, aliases: dict[str, str]) -> DataFrame:
     for partial, full in aliases.items():
         p_db, p_schema, table = json.loads(partial)
         f_db, f_schema, _ = json.loads(full)
-        match = F.col("database").eqNullSafe(F.lit(p_db)) & F.col("schema_name").eqNullSafe(F.lit(p_schema)) & (F.col("table_name") == table)
+        match = (
+            F.col("database").eqNullSafe(F.lit(p_db)) & F.col("schema_name").eqNullSafe(F.lit(p_schema)) & (F.col("table_name") == table)
+        )
         db = F.when(match, F.lit(f_db)).otherwise(db)
         schema = F.when(match, F.lit(f_schema)).otherwise(schema)
     return events.withColumns({"database": db, "schema_name": schema})
@@ -346,11 +363,12 @@ def _refuse_config(source: SourceConfig, status_counts: dict[tuple[str, str], in
     stay pending for after the fix."""
     refused = sorted((r, n) for (s, r), n in status_counts.items() if s == "quarantined" and (r or "").startswith(CONFIG_REFUSED_PREFIX))
     if refused:
+
         def first(reason: str) -> str:
             row = decoded.where(F.col("reason") == reason).select("file", "line").orderBy("file", "line").first()
             return f"{row['file']}:{row['line']}" if row else "?"
 
-        lines = "; ".join(f"{n} message(s), first at {first(r)}: {r[len(CONFIG_REFUSED_PREFIX):]}" for r, n in refused[:5])
+        lines = "; ".join(f"{n} message(s), first at {first(r)}: {r[len(CONFIG_REFUSED_PREFIX) :]}" for r, n in refused[:5])
         more = f" (and {len(refused) - 5} more reasons)" if len(refused) > 5 else ""
         raise ConfigError(f"source {source.name}: the configuration does not fit its messages: {lines}{more}")
 
@@ -385,7 +403,13 @@ def _targets(source: SourceConfig, table_meta: list) -> tuple[dict[str, str], di
 
 
 def _refuse_tables(
-    spark: SparkSession, settings: Settings, source: SourceConfig, result: BatchResult, events: DataFrame, refused: dict[str, str], dry_run: bool
+    spark: SparkSession,
+    settings: Settings,
+    source: SourceConfig,
+    result: BatchResult,
+    events: DataFrame,
+    refused: dict[str, str],
+    dry_run: bool,
 ) -> None:
     """Quarantine the events of refused tables (file, line, the event as JSON,
     the reason naming the table) so that the batch completes for the others;
@@ -404,7 +428,11 @@ def _refuse_tables(
     m["quarantined"] = m.get("quarantined", 0) + total
     m["quarantined:refused-table"] = m.get("quarantined:refused-table", 0) + total
     for ident, why in sorted(refused.items()):
-        result.tables.append(TableResult(table=tables.describe_identity(ident), status=Status.REFUSED, counts={"quarantined": counts.get(ident, 0)}, message=why))
+        result.tables.append(
+            TableResult(
+                table=tables.describe_identity(ident), status=Status.REFUSED, counts={"quarantined": counts.get(ident, 0)}, message=why
+            )
+        )
         log.warning("batch %s: %d message(s) quarantined: %s", result.batch_id, counts.get(ident, 0), why)
     result.message = f"{len(refused)} table(s) refused, their {total} message(s) quarantined: {sorted(refused.values())}"
     if dry_run:
@@ -413,10 +441,15 @@ def _refuse_tables(
     target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
     raw = F.to_json(F.struct("database", "schema_name", "table_name", "op", "key_columns", "position", "after", "before"))
     rows = rows.select(
-        F.lit(result.batch_id).alias("batch_id"), F.lit(source.name).alias("source"), "file", "line",
-        reasons[F.col("_ident")].alias("reason"), raw.alias("raw"), F.current_timestamp().alias("recorded_at"),
+        F.lit(result.batch_id).alias("batch_id"),
+        F.lit(source.name).alias("source"),
+        "file",
+        "line",
+        reasons[F.col("_ident")].alias("reason"),
+        raw.alias("raw"),
+        F.current_timestamp().alias("recorded_at"),
     )
-    _write_quarantine(spark, target, rows, result.batch_id, "reason LIKE 'refused table %'")
+    _write_quarantine(spark, target, rows, result.id, "reason LIKE 'refused table %'")
 
 
 def _record_quarantine(spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str, decoded: DataFrame) -> None:
@@ -457,7 +490,12 @@ def _write_quarantine(spark: SparkSession, target: str, rows: DataFrame, batch_i
                     raise
                 if attempt == attempts:
                     raise ConcurrentApply(msg) from None
-                log.warning("batch %s: quarantine write lost a commit race (attempt %d), retrying: %s", batch_id, attempt, str(exc).splitlines()[0][:200])
+                log.warning(
+                    "batch %s: quarantine write lost a commit race (attempt %d), retrying: %s",
+                    batch_id,
+                    attempt,
+                    str(exc).splitlines()[0][:200],
+                )
                 time.sleep(0.5 * attempt)
     finally:
         spark.catalog.dropTempView(view)
@@ -479,12 +517,19 @@ def validate_batch(settings: Settings, result: BatchResult, spark: SparkSession 
         try:
             if tr.branch_snapshot is not None and branches.branch_snapshot(spark, spec, tr.audit_branch) != tr.branch_snapshot:
                 raise ConcurrentApply(f"branch {tr.branch!r} moved from snapshot {tr.branch_snapshot} (this run's write)")
-            branch_df = branches.read_branch(spark, spec, tr.audit_branch) if tr.branch_snapshot is None else read_snapshot(spark, spec, tr.branch_snapshot)
+            branch_df = (
+                branches.read_branch(spark, spec, tr.audit_branch)
+                if tr.branch_snapshot is None
+                else read_snapshot(spark, spec, tr.branch_snapshot)
+            )
             gx_result = gate.run_gx(settings, branch_df, tr.table, tr.key_columns, result.id)
         except Exception as exc:  # GX or Spark broke, or another run took the branch: not a data verdict, may be retried
             log.exception("validation of %s failed to run", tr.table)
             tr.status, tr.terminal = Status.FAILED, False
-            tr.message = concurrent_apply_message(exc, tr.table, result.batch_id, tr.branch or "") or f"validation could not run: {type(exc).__name__}: {str(exc)[:2000]}"
+            tr.message = (
+                concurrent_apply_message(exc, tr.table, result.batch_id, tr.branch or "")
+                or f"validation could not run: {type(exc).__name__}: {str(exc)[:2000]}"
+            )
             continue
         tr.data_docs = gx_result.data_docs
         log.info("%s: data docs %s", tr.table, gx_result.data_docs)
@@ -549,7 +594,12 @@ def finish_batch(settings: Settings, result: BatchResult) -> BatchResult:
             snap = led.published_snapshot(t.table.split(".", 1)[1], result.id)
             if snap is not None:
                 t.status, t.snapshot_id = Status.PUBLISHED, snap
-                log.warning("%s: found batch %s on main (snapshot %s): published by an attempt that did not save its result", t.table, result.batch_id, snap)
+                log.warning(
+                    "%s: found batch %s on main (snapshot %s): published by an attempt that did not save its result",
+                    t.table,
+                    result.batch_id,
+                    snap,
+                )
     unfinished = [t for t in result.tables if t.status in (Status.WRITTEN, Status.VALIDATED)]
     for t in unfinished:
         t.message = f"stopped after the {t.status} stage: its next stage did not run or did not finish"

@@ -31,7 +31,7 @@ def _ts(text: str | None) -> dt.datetime | None:
     if not text:
         return None
     value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
 def _emit(result: BatchResult, result_file: str | None, next_status: str | None = None) -> int:
@@ -39,7 +39,9 @@ def _emit(result: BatchResult, result_file: str | None, next_status: str | None 
     so one table's failure does not stop the others; the last stage reports it."""
     from cdc_apply.results import save_result
 
-    print(result.to_json() if sys.stdout.isatty() else json.dumps(json.loads(result.to_json()), separators=(",", ":")))  # one line in a task log
+    print(
+        result.to_json() if sys.stdout.isatty() else json.dumps(json.loads(result.to_json()), separators=(",", ":"))
+    )  # one line in a task log
     if result_file:
         save_result(result_file, result)
     if result.status == Status.FAILED and not (next_status and result.pending(next_status)):
@@ -96,7 +98,14 @@ def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
         files = pending_files(settings, source, root=Path(args.dir) if args.dir else None, since=_ts(args.since), until=_ts(args.until))
     stages = ("write", "validate", "publish") if args.stage == "all" else ("write",)
     result = run_batch(
-        settings, source.name, files, dry_run=args.dry_run, table_filter=args.table_filter, max_files=args.max_files, stages=stages, override=override
+        settings,
+        source.name,
+        files,
+        dry_run=args.dry_run,
+        table_filter=args.table_filter,
+        max_files=args.max_files,
+        stages=stages,
+        override=override,
     )
     return _emit(result, args.result_file, Status.WRITTEN if args.stage == "write" else None)
 
@@ -139,7 +148,9 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                     "last_position": tled.last_position if tled else None,
                     "last_applied_at": tled.last_applied_at if tled else None,
                     "batches": len(tled.batches) if tled else 0,
-                    "snapshot_id": str(tled.snapshot_id) if tled and tled.snapshot_id is not None else None,  # 64-bit: a string (JSON readers round numbers)
+                    "snapshot_id": str(tled.snapshot_id)
+                    if tled and tled.snapshot_id is not None
+                    else None,  # 64-bit: a string (JSON readers round numbers)
                 }
             )
     print(json.dumps(out, indent=2, default=str))
@@ -165,8 +176,11 @@ def cmd_connect_server(args: argparse.Namespace, settings: Settings) -> int:
     from cdc_apply.runtime.submit import connect_server_command, connect_server_env
 
     cmd = connect_server_command(settings, host=args.host, port=args.port)
-    print(f"Spark Connect server on {args.host}:{args.port} (master {settings.spark_master}); "
-          f"jobs attach with CDC_SPARK_REMOTE=sc://{args.host}:{args.port}", file=sys.stderr)
+    print(
+        f"Spark Connect server on {args.host}:{args.port} (master {settings.spark_master}); "
+        f"jobs attach with CDC_SPARK_REMOTE=sc://{args.host}:{args.port}",
+        file=sys.stderr,
+    )
     os.execvpe(cmd[0], cmd, connect_server_env())
     return 0  # not reached
 

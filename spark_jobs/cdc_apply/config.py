@@ -11,9 +11,10 @@ import getpass
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -136,7 +137,7 @@ class Settings:
     """``CDC_EXPECTATIONS_DIR``: the users' Great Expectations suites."""
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         home = Path(_env("CDC_HOME", str(PROJECT_ROOT / ".cdc"))).resolve()
         catalog_type = _env("CDC_CATALOG_TYPE", "jdbc").lower()
         if catalog_type not in ("jdbc", "rest"):
@@ -145,20 +146,21 @@ class Settings:
         catalog_uri = _env("CDC_CATALOG_URI", default_uri)
         if not catalog_uri:
             raise ConfigError("CDC_CATALOG_URI must be set for CDC_CATALOG_TYPE=rest (e.g. http://127.0.0.1:8181)")
-        if catalog_type == "jdbc" and not catalog_uri.startswith("jdbc:sqlite:"):
-            if not catalog_uri.startswith("jdbc:postgresql:"):
-                raise ConfigError(f"CDC_CATALOG_URI={catalog_uri!r}: a jdbc catalog needs jdbc:sqlite:<path> or jdbc:postgresql://...")
+        if catalog_type == "jdbc" and not catalog_uri.startswith("jdbc:sqlite:") and not catalog_uri.startswith("jdbc:postgresql:"):
+            raise ConfigError(f"CDC_CATALOG_URI={catalog_uri!r}: a jdbc catalog needs jdbc:sqlite:<path> or jdbc:postgresql://...")
         verify_applied = _env("CDC_VERIFY_APPLIED", "size").lower()
         if verify_applied not in ("size", "sha256"):
             raise ConfigError(f"CDC_VERIFY_APPLIED={verify_applied!r}: use 'size' or 'sha256'")
         spark_remote = _env("CDC_SPARK_REMOTE", "") or None
         if spark_remote is not None and not spark_remote.startswith("sc://"):
-            raise ConfigError(f"CDC_SPARK_REMOTE={spark_remote!r}: a Spark Connect URL looks like sc://host:15002 (unset it to start a driver per job)")
+            raise ConfigError(
+                f"CDC_SPARK_REMOTE={spark_remote!r}: a Spark Connect URL looks like sc://host:15002 (unset it to start a driver per job)"
+            )
         extra = {}
         for key, value in os.environ.items():
             if key.startswith("CDC_SPARK_CONF_"):
                 # CDC_SPARK_CONF_spark__sql__shuffle__partitions=4 -> spark.sql.shuffle.partitions
-                extra[key[len("CDC_SPARK_CONF_"):].replace("__", ".")] = value
+                extra[key[len("CDC_SPARK_CONF_") :].replace("__", ".")] = value
         settings = cls(
             home=home,
             archive_dir=_env("CDC_ARCHIVE_DIR", str(home / "archive")),
@@ -185,7 +187,7 @@ class Settings:
     @property
     def sqlite_path(self) -> Path | None:
         if self.catalog_type == "jdbc" and self.catalog_uri.startswith("jdbc:sqlite:"):
-            return Path(self.catalog_uri[len("jdbc:sqlite:"):])
+            return Path(self.catalog_uri[len("jdbc:sqlite:") :])
         return None
 
     @property
@@ -249,6 +251,7 @@ class SourceConfig:
     def decode_options(self) -> dict[str, str]:
         """The options decoders read (``DecodeContext.options``)."""
         return {"ordering": self.ordering, **({"envelope": self.envelope} if self.envelope else {})}
+
     columns: dict[str, dict[str, str]] = field(default_factory=dict)
     """Declared column types by table (``columns:`` next to ``primary_key``):
     Spark type names or Debezium semantic names; they type messages archived
@@ -269,6 +272,9 @@ class SourceConfig:
 
 
 def load_sources(settings: Settings) -> dict[str, SourceConfig]:
+    """Every source of the sources file, checked whole: a configuration error
+    names the file, the source and what to fix.  Long because it checks each
+    key of a source in the file's order, one refusal message each."""
     from cdc_apply.model import Format
 
     path = settings.sources_file
@@ -283,7 +289,9 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
         try:
             fmt = Format(spec["format"]).value
         except ValueError:
-            raise ConfigError(f"{path}: source {name!r} has unknown format {spec['format']!r}; use one of {[f.value for f in Format]}") from None
+            raise ConfigError(
+                f"{path}: source {name!r} has unknown format {spec['format']!r}; use one of {[f.value for f in Format]}"
+            ) from None
         keys, columns, targets = {}, {}, {}
         for table, tspec in (spec.get("tables") or {}).items():
             pk = (tspec or {}).get("primary_key")
@@ -302,9 +310,13 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             raise ConfigError(f"{path}: merge_mode of source {name!r} is {merge_mode!r}; use one of {list(MERGE_MODES)} (or leave it out)")
         ordering = spec.get("ordering", "log")
         if ordering not in ORDERINGS:
-            raise ConfigError(f"{path}: ordering of source {name!r} is {ordering!r}; use one of {list(ORDERINGS)} (or leave it out for log)")
+            raise ConfigError(
+                f"{path}: ordering of source {name!r} is {ordering!r}; use one of {list(ORDERINGS)} (or leave it out for log)"
+            )
         if ordering != "log" and fmt != "cockroachdb":
-            raise ConfigError(f"{path}: ordering of source {name!r}: only a cockroachdb source can be applied in arrival order; leave it out")
+            raise ConfigError(
+                f"{path}: ordering of source {name!r}: only a cockroachdb source can be applied in arrival order; leave it out"
+            )
         envelope = spec.get("envelope")
         if envelope is not None and (fmt != "cockroachdb" or envelope != "row"):
             raise ConfigError(
@@ -371,7 +383,7 @@ class Retention:
     retain_last: int = 20
 
     @classmethod
-    def from_env(cls, snapshot_days: float | None = None, tombstone_days: float | None = None) -> "Retention":
+    def from_env(cls, snapshot_days: float | None = None, tombstone_days: float | None = None) -> Retention:
         """Explicit values first, then ``CDC_SNAPSHOT_RETENTION_DAYS`` /
         ``CDC_TOMBSTONE_RETENTION_DAYS``, then the defaults (7 days each)."""
 

@@ -24,8 +24,14 @@ _FIELDS = [
     {"type": "string", "optional": False, "field": "first_name"},
     {"type": "string", "optional": False, "field": "last_name"},
     {"type": "string", "optional": False, "field": "email"},
-    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
-     "parameters": {"scale": "2", "connect.decimal.precision": "10"}, "field": "balance"},
+    {
+        "type": "bytes",
+        "optional": True,
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "version": 1,
+        "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+        "field": "balance",
+    },
     {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1, "field": "updated_at"},
 ]
 _SOURCE_FIELDS = [
@@ -47,7 +53,13 @@ SCHEMA = {
     "fields": [
         {"type": "struct", "fields": _FIELDS, "optional": True, "name": "demo.public.customers.Value", "field": "before"},
         {"type": "struct", "fields": _FIELDS, "optional": True, "name": "demo.public.customers.Value", "field": "after"},
-        {"type": "struct", "fields": _SOURCE_FIELDS, "optional": False, "name": "io.debezium.connector.postgresql.Source", "field": "source"},
+        {
+            "type": "struct",
+            "fields": _SOURCE_FIELDS,
+            "optional": False,
+            "name": "io.debezium.connector.postgresql.Source",
+            "field": "source",
+        },
         {"type": "string", "optional": False, "field": "op"},
         {"type": "int64", "optional": True, "field": "ts_ms"},
     ],
@@ -77,9 +89,18 @@ def pg_message(op: str, lsn: int, tx: int, ts: dt.datetime, before: dict | None,
         "before": row(before),
         "after": row(after),
         "source": {
-            "version": "2.7.0.Final", "connector": "postgresql", "name": "demo", "ts_ms": ts_ms,
-            "snapshot": "false", "db": "inventory", "sequence": json.dumps([str(lsn - 8), str(lsn)]),
-            "schema": "public", "table": "customers", "txId": tx, "lsn": lsn, "xmin": None,
+            "version": "2.7.0.Final",
+            "connector": "postgresql",
+            "name": "demo",
+            "ts_ms": ts_ms,
+            "snapshot": "false",
+            "db": "inventory",
+            "sequence": json.dumps([str(lsn - 8), str(lsn)]),
+            "schema": "public",
+            "table": "customers",
+            "txId": tx,
+            "lsn": lsn,
+            "xmin": None,
         },
         "op": op,
         "ts_ms": ts_ms + 5,
@@ -93,13 +114,26 @@ def demo_changes(start: dt.datetime) -> dict[dt.datetime, list[str]]:
     lsn, tx = 24_000_000, 600
 
     def cust(i: int, first: str | None, bal: str | None, ts: dt.datetime) -> dict[str, Any]:
-        return {"id": i, "first_name": first, "last_name": f"Doe{i}", "email": f"c{i}@example.com", "balance": Decimal(bal or "0"), "updated_at": ts}
+        return {
+            "id": i,
+            "first_name": first,
+            "last_name": f"Doe{i}",
+            "email": f"c{i}@example.com",
+            "balance": Decimal(bal or "0"),
+            "updated_at": ts,
+        }
 
     plan: list[list[tuple[str, int, str | None, str | None]]] = [
         # hour 0: five customers arrive (snapshot read of 1-3, inserts of 4-5)
         [("r", 1, "Anne", "10.00"), ("r", 2, "Bob", "20.50"), ("r", 3, "Cid", "0.00"), ("c", 4, "Dee", "99.99"), ("c", 5, "Eve", "-5.25")],
         # hour 1: updates, a delete, an insert+update of the same key
-        [("u", 1, "Anne Marie", "11.00"), ("d", 3, None, None), ("c", 6, "Fay", "1.00"), ("u", 6, "Faye", "2.00"), ("u", 2, "Bob", "21.50")],
+        [
+            ("u", 1, "Anne Marie", "11.00"),
+            ("d", 3, None, None),
+            ("c", 6, "Fay", "1.00"),
+            ("u", 6, "Faye", "2.00"),
+            ("u", 2, "Bob", "21.50"),
+        ],
         # hour 2: delete then re-insert of 4, another update of 1
         [("d", 4, None, None), ("c", 4, "Dee", "100.00"), ("u", 1, "Anne-Marie", "12.34")],
     ]
@@ -119,7 +153,7 @@ def demo_changes(start: dt.datetime) -> dict[dt.datetime, list[str]]:
 
 def write_demo_archive(settings: Settings, source_name: str = "pg_inventory", start: dt.datetime | None = None) -> list[Path]:
     source = get_source(settings, source_name)
-    start = start or dt.datetime(2026, 1, 1, 0, tzinfo=dt.timezone.utc)
+    start = start or dt.datetime(2026, 1, 1, 0, tzinfo=dt.UTC)
     paths = []
     for hour, lines in demo_changes(start).items():
         path = Path(source.archive_path(settings)) / f"{hour:%Y/%m/%d/%H}" / "customers-0000.jsonl.gz"
@@ -135,15 +169,25 @@ def write_next_demo_hour(settings: Settings, source_name: str = "pg_inventory") 
     earlier one: fresh data for the DAG to apply after ``./dev demo``."""
     source = get_source(settings, source_name)
     root = Path(source.archive_path(settings))
-    hours = sorted(dt.datetime.strptime("/".join(p.relative_to(root).parts[:4]), "%Y/%m/%d/%H").replace(tzinfo=dt.timezone.utc)
-                   for p in root.glob("*/*/*/*") if p.is_dir())
-    hour = (hours[-1] if hours else dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)) + dt.timedelta(hours=1)
+    hours = sorted(
+        dt.datetime.strptime("/".join(p.relative_to(root).parts[:4]), "%Y/%m/%d/%H").replace(tzinfo=dt.UTC)
+        for p in root.glob("*/*/*/*")
+        if p.is_dir()
+    )
+    hour = (hours[-1] if hours else dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) + dt.timedelta(hours=1)
     lsn = int(hour.timestamp()) * 100  # above the demo's (24M) and every earlier hour's
     new_id = 100 + len(hours)
     lines = []
     for n, (op, i, first) in enumerate([("u", 1, "Anne-Marie"), ("u", 2, "Bob"), ("c", new_id, f"New{new_id}")]):
         ts = hour + dt.timedelta(minutes=5 + n)
-        after = {"id": i, "first_name": first, "last_name": f"Doe{i}", "email": f"c{i}@example.com", "balance": Decimal(f"{len(hours) + n}.00"), "updated_at": ts}
+        after = {
+            "id": i,
+            "first_name": first,
+            "last_name": f"Doe{i}",
+            "email": f"c{i}@example.com",
+            "balance": Decimal(f"{len(hours) + n}.00"),
+            "updated_at": ts,
+        }
         lines.append(pg_message(op, lsn + 64 * n, 10_000 + len(hours) * 10 + n, ts, {"id": i} if op == "u" else None, after))
     path = root / f"{hour:%Y/%m/%d/%H}" / "customers-0000.jsonl.gz"
     write_jsonl(path, lines, compress=True)
@@ -163,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     settings = Settings.from_env()
     if args.next_hour:
-        print(f"archive: wrote {write_next_demo_hour(settings, args.source)}; trigger cdc_apply (Airflow) or ./dev cdc apply --source {args.source} to apply it")
+        print(
+            f"archive: wrote {write_next_demo_hour(settings, args.source)}; trigger cdc_apply (Airflow) or ./dev cdc apply --source {args.source} to apply it"
+        )
         return 0
     paths = write_demo_archive(settings, args.source)
     print(f"archive: {len(paths)} file(s) under {get_source(settings, args.source).archive_path(settings)}")
@@ -186,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(" | ".join(str(r[c]) for c in cols))
     summary = snapshot.summary.additional_properties if snapshot.summary else {}
-    print(f"\nsnapshot summary: batch {summary.get('cdc.batch-id')}, files {len(json.loads(summary.get('cdc.files', '[]')))}, counts {summary.get('cdc.counts')}")
+    print(
+        f"\nsnapshot summary: batch {summary.get('cdc.batch-id')}, files {len(json.loads(summary.get('cdc.files', '[]')))}, counts {summary.get('cdc.counts')}"
+    )
     return 0 if result.status in (Status.COMPLETE, Status.NOTHING_TO_DO) else 1
 
 

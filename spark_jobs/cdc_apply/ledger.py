@@ -18,8 +18,9 @@ import datetime as dt
 import json
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from cdc_apply.config import Settings
 from cdc_apply.errors import AlreadyAppliedFileChanged, CdcError
@@ -58,12 +59,14 @@ class TableLedger:
     snapshot_id: int | None = None
 
 
-def summary_properties(batch_id: str, files: Iterable[dict], *, position_max: str | None, truncated_at: str | None, counts: dict[str, int]) -> dict[str, str]:
+def summary_properties(
+    batch_id: str, files: Iterable[dict], *, position_max: str | None, truncated_at: str | None, counts: dict[str, int]
+) -> dict[str, str]:
     props = {
         "batch-id": batch_id,
         "files": json.dumps([{"path": f["path"], "size": f["size"], "sha256": f["sha256"]} for f in files], separators=(",", ":")),
         "counts": json.dumps(counts, sort_keys=True, separators=(",", ":")),
-        "applied-at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "applied-at": dt.datetime.now(dt.UTC).isoformat(),
     }
     if position_max is not None:
         props["position-max"] = position_max
@@ -130,16 +133,34 @@ def _arrow_schemas() -> tuple[Any, Any]:
     ts = pa.timestamp("us", tz="UTC")
     batches = pa.schema(
         [
-            ("batch_id", pa.string()), ("source", pa.string()), ("table_name", pa.string()), ("status", pa.string()),
-            ("files", files), ("position_min", pa.string()), ("position_max", pa.string()),
-            ("counts", pa.map_(pa.string(), pa.int64())), ("failed_expectations", pa.list_(pa.string())),
-            ("branch", pa.string()), ("snapshot_id", pa.int64()), ("message", pa.string()), ("data_docs", pa.string()),
-            ("decoder_state", pa.string()), ("started_at", ts), ("ended_at", ts),
+            ("batch_id", pa.string()),
+            ("source", pa.string()),
+            ("table_name", pa.string()),
+            ("status", pa.string()),
+            ("files", files),
+            ("position_min", pa.string()),
+            ("position_max", pa.string()),
+            ("counts", pa.map_(pa.string(), pa.int64())),
+            ("failed_expectations", pa.list_(pa.string())),
+            ("branch", pa.string()),
+            ("snapshot_id", pa.int64()),
+            ("message", pa.string()),
+            ("data_docs", pa.string()),
+            ("decoder_state", pa.string()),
+            ("started_at", ts),
+            ("ended_at", ts),
         ]
     )
     quarantine = pa.schema(
-        [("batch_id", pa.string()), ("source", pa.string()), ("file", pa.string()), ("line", pa.int64()),
-         ("reason", pa.string()), ("raw", pa.string()), ("recorded_at", ts)]
+        [
+            ("batch_id", pa.string()),
+            ("source", pa.string()),
+            ("file", pa.string()),
+            ("line", pa.int64()),
+            ("reason", pa.string()),
+            ("raw", pa.string()),
+            ("recorded_at", ts),
+        ]
     )
     return batches, quarantine
 
@@ -221,10 +242,14 @@ class Ledger:
             table = self.catalog.load_table(self.batches_table)
         except NoSuchTableError:
             return {}
-        rows = table.scan(
-            row_filter=And(_eq("source", source), And(_eq("table_name", "*"), _isin("status", APPLIED_STATUSES))),
-            selected_fields=("files",),
-        ).to_arrow().to_pylist()
+        rows = (
+            table.scan(
+                row_filter=And(_eq("source", source), And(_eq("table_name", "*"), _isin("status", APPLIED_STATUSES))),
+                selected_fields=("files",),
+            )
+            .to_arrow()
+            .to_pylist()
+        )
         out: dict[str, tuple[int, str]] = {}
         for r in rows:
             for f in r["files"] or []:
@@ -297,7 +322,7 @@ class Ledger:
         import pyarrow as pa
 
         self.ensure_audit_tables()
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         started = dt.datetime.fromisoformat(result.started_at) if result.started_at else now
         status = result.status if result.status in APPLIED_STATUSES else Status.FAILED
         if self._already_recorded(result.batch_id, started, status):
@@ -307,11 +332,22 @@ class Ledger:
         held = set(result.held_files)
         rows.append(
             {
-                "batch_id": result.batch_id, "source": result.source, "table_name": "*", "status": status,
-                "files": [f for f in result.files if f["path"] not in held], "position_min": None, "position_max": None,
-                "counts": list((result.messages or {}).items()), "failed_expectations": list(result.failed_checks),
-                "branch": None, "snapshot_id": None, "message": result.message, "data_docs": None,
-                "decoder_state": json.dumps(result.source_state) if status == Status.COMPLETE else None, "started_at": started, "ended_at": now,
+                "batch_id": result.batch_id,
+                "source": result.source,
+                "table_name": "*",
+                "status": status,
+                "files": [f for f in result.files if f["path"] not in held],
+                "position_min": None,
+                "position_max": None,
+                "counts": list((result.messages or {}).items()),
+                "failed_expectations": list(result.failed_checks),
+                "branch": None,
+                "snapshot_id": None,
+                "message": result.message,
+                "data_docs": None,
+                "decoder_state": json.dumps(result.source_state) if status == Status.COMPLETE else None,
+                "started_at": started,
+                "ended_at": now,
             }
         )
         batches, _ = _arrow_schemas()
@@ -355,7 +391,9 @@ class Ledger:
         if ref is None:
             done = self.published_snapshot(identifier, branch.removeprefix(AUDIT_BRANCH_PREFIX))
             if done is not None:  # an earlier attempt fast-forwarded and died before saving its result
-                log.warning("%s: batch of branch %r is already on main (snapshot %s): published by an earlier attempt", identifier, branch, done)
+                log.warning(
+                    "%s: batch of branch %r is already on main (snapshot %s): published by an earlier attempt", identifier, branch, done
+                )
                 return done
             raise CdcError(f"{identifier}: audit branch {branch!r} does not exist (already published, or never written)")
         if expected_head is not None and ref.snapshot_id != expected_head:
@@ -396,10 +434,20 @@ class Ledger:
 def _table_row(result: BatchResult, t: Any, started: dt.datetime, now: dt.datetime) -> dict[str, Any]:
     """The ledger row of one table's attempt."""
     return {
-        "batch_id": result.batch_id, "source": result.source, "table_name": t.table,
+        "batch_id": result.batch_id,
+        "source": result.source,
+        "table_name": t.table,
         "status": Status.FORCED if (t.override and t.status == Status.PUBLISHED) else t.status,
-        "files": result.files, "position_min": t.position_min, "position_max": t.position_max,
-        "counts": list((t.counts or {}).items()), "failed_expectations": t.failed_expectations,
-        "branch": t.branch, "snapshot_id": t.snapshot_id, "message": t.override or t.message, "data_docs": t.data_docs,
-        "decoder_state": None, "started_at": started, "ended_at": now,
+        "files": result.files,
+        "position_min": t.position_min,
+        "position_max": t.position_max,
+        "counts": list((t.counts or {}).items()),
+        "failed_expectations": t.failed_expectations,
+        "branch": t.branch,
+        "snapshot_id": t.snapshot_id,
+        "message": t.override or t.message,
+        "data_docs": t.data_docs,
+        "decoder_state": None,
+        "started_at": started,
+        "ended_at": now,
     }

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 def _ts(days: float) -> str:
-    t = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days)
+    t = dt.datetime.now(dt.UTC) - dt.timedelta(days=days)
     return t.strftime("%Y-%m-%d %H:%M:%S")
 
 
@@ -81,14 +81,14 @@ def _expire(spark: SparkSession, identifier: str, retention: Retention) -> dict:
 
 def _procedures(spark: SparkSession, identifier: str, retention: Retention) -> dict:
     report: dict = {}
-    purged = spark.sql(
-        f"DELETE FROM {identifier} WHERE _cdc_deleted AND _cdc_applied_at < TIMESTAMP '{_ts(retention.tombstone_days)}'"
-    )
+    purged = spark.sql(f"DELETE FROM {identifier} WHERE _cdc_deleted AND _cdc_applied_at < TIMESTAMP '{_ts(retention.tombstone_days)}'")
     report["tombstones_purged"] = purged.collect() if purged.columns else None
     report["rewrite_data_files"] = _compact(spark, identifier)
     report["rewrite_position_delete_files"] = _call(spark, identifier, "rewrite_position_delete_files")[0].asDict()
     report["expire_snapshots"] = _expire(spark, identifier, retention)
-    report["remove_orphan_files"] = len(_call(spark, identifier, "remove_orphan_files", f"older_than => TIMESTAMP '{_ts(retention.orphan_days)}'"))
+    report["remove_orphan_files"] = len(
+        _call(spark, identifier, "remove_orphan_files", f"older_than => TIMESTAMP '{_ts(retention.orphan_days)}'")
+    )
     return report
 
 

@@ -32,7 +32,7 @@ import decimal
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Union
+from typing import Any
 
 
 class Op(StrEnum):
@@ -121,7 +121,7 @@ class Quarantined:
     line: int = 0
 
 
-Outcome = Union[ChangeEvent, Skipped, Held, Quarantined]
+Outcome = ChangeEvent | Skipped | Held | Quarantined
 
 
 class DecodeError(ValueError):
@@ -157,10 +157,7 @@ INT_RANGES = {
     "int": (-(2**31), 2**31 - 1),
     "bigint": (-(2**63), 2**63 - 1),
 }
-SPARK_TYPES = frozenset(
-    {"boolean", "float", "double", "string", "binary", "date", "timestamp", "timestamp_ntz"}
-    | set(INT_RANGES)
-)
+SPARK_TYPES = frozenset({"boolean", "float", "double", "string", "binary", "date", "timestamp", "timestamp_ntz"} | set(INT_RANGES))
 
 
 def is_supported_type(spark_type: str) -> bool:
@@ -197,7 +194,7 @@ def canonical_value(spark_type: str, value: Any) -> str | None:
     * timestamp_ntz: naive datetime or ISO text without zone;
     * binary: bytes -> base64 text (text input must already be base64);
     * string: any str; dict/list values are serialised as compact JSON.
-    
+
 
     Long because it is one table of per-type rules, read top to bottom,
     each type's accepted inputs next to its refusals."""
@@ -267,8 +264,8 @@ def canonical_value(spark_type: str, value: Any) -> str | None:
             if not isinstance(value, dt.datetime):
                 raise DecodeError(f"{value!r} is not a timestamp")
             if value.tzinfo is None:
-                value = value.replace(tzinfo=dt.timezone.utc)
-            return timestamp_text(value.astimezone(dt.timezone.utc))
+                value = value.replace(tzinfo=dt.UTC)
+            return timestamp_text(value.astimezone(dt.UTC))
         if spark_type == "timestamp_ntz":
             if isinstance(value, str):
                 value = parse_iso_datetime(value)
@@ -318,8 +315,8 @@ def parse_iso_datetime(text: str) -> dt.datetime:
 
 def epoch_micros(value: dt.datetime) -> int:
     if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.timezone.utc)
-    delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+        value = value.replace(tzinfo=dt.UTC)
+    delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 

@@ -41,7 +41,7 @@ class Override:
     operator: str
 
     @classmethod
-    def parse(cls, action: str | None, reason: str | None, operator: str | None = None) -> "Override | None":
+    def parse(cls, action: str | None, reason: str | None, operator: str | None = None) -> Override | None:
         if not action or action == "none":
             return None
         if action not in OVERRIDE_ACTIONS:
@@ -127,7 +127,7 @@ class BatchResult:
         return json.dumps(data, default=str, indent=2, sort_keys=False)
 
     @classmethod
-    def from_json(cls, text: str) -> "BatchResult":
+    def from_json(cls, text: str) -> BatchResult:
         data = json.loads(text)
         data["tables"] = [table_from_dict(t) for t in data.get("tables", [])]
         return cls(**data)
@@ -173,8 +173,8 @@ def ids_as_strings(table: dict[str, Any]) -> dict[str, Any]:
 
 
 def table_from_dict(data: dict[str, Any]) -> TableResult:
-    return TableResult(**{k: (int(v) if k in ID_FIELDS and v is not None else v) for k, v in data.items()})
-
+    fields: dict[str, Any] = {k: (int(v) if k in ID_FIELDS and v is not None else v) for k, v in data.items()}
+    return TableResult(**fields)
 
 
 def table_result_path(result_file: str | Path, table: str) -> Path:

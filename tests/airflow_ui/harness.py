@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
-from typing import Any, Callable
 
 import requests
 
@@ -59,7 +60,8 @@ class Ui:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = airflow_env(
-            home, root / "cdc",
+            home,
+            root / "cdc",
             AIRFLOW__API__PORT=str(self.port),
             AIRFLOW__API__BASE_URL=self.base,
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{self.base}/execution/",
@@ -72,7 +74,7 @@ class Ui:
         self.sa = Standalone(self.env, home, self.port)
         self.browser = None
 
-    def start(self) -> "Ui":
+    def start(self) -> Ui:
         self.sa.wait_ready()
         return self
 
@@ -81,7 +83,9 @@ class Ui:
         machine the api-server can take longer than a minute to answer)."""
         for attempt in range(attempts):
             try:
-                r = requests.request(method, f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.sa.token}"}, timeout=90, **kw)
+                r = requests.request(
+                    method, f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.sa.token}"}, timeout=90, **kw
+                )
             except (requests.ConnectionError, requests.Timeout):
                 if method != "GET" or attempt == attempts - 1:
                     raise
@@ -114,7 +118,9 @@ class Ui:
     def log(self, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1) -> list[dict[str, Any]]:
         """The task log as the UI gets it: structured lines (event, level, ...)."""
         path = f"/dags/cdc_apply/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/logs/{try_number}?map_index={map_index}"
-        r = requests.get(f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.sa.token}", "Accept": "application/json"}, timeout=120)
+        r = requests.get(
+            f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.sa.token}", "Accept": "application/json"}, timeout=120
+        )
         if r.status_code == 404:  # a try that never started (no log)
             return []
         assert r.ok, r.text

@@ -15,12 +15,24 @@ TABLE = {"table": "lake.pg_inventory.customers", "counts": {"inserted": 4, "upda
 def test_headlines_tell_runs_apart():
     assert headline({"status": "nothing-to-do", "source": "pg_inventory"}) == "nothing to do: no pending files for pg_inventory"
     assert headline({"status": "complete", "tables": [{**TABLE, "status": "published"}]}) == "applied 7 change(s) to 1 table(s)"
-    forced = {"status": "complete", "override": {"action": "force", "reason": "refunds", "operator": "ann"}, "tables": [{**TABLE, "status": "published", "override": "FORCE by ann"}]}
+    forced = {
+        "status": "complete",
+        "override": {"action": "force", "reason": "refunds", "operator": "ann"},
+        "tables": [{**TABLE, "status": "published", "override": "FORCE by ann"}],
+    }
     assert headline(forced) == "applied 7 change(s) to 1 table(s) - forced publish: refunds"
-    failed = {"status": "failed", "tables": [{**TABLE, "status": "failed"}, {"table": "lake.pg_inventory.orders", "status": "published", "counts": {"inserted": 5}}]}
+    failed = {
+        "status": "failed",
+        "tables": [{**TABLE, "status": "failed"}, {"table": "lake.pg_inventory.orders", "status": "published", "counts": {"inserted": 5}}],
+    }
     assert headline(failed).startswith("FAILED: lake.pg_inventory.customers; applied 5 change(s) to 1 other table(s)")
-    assert headline({"status": "written", "tables": [{**TABLE, "status": "written"}]}).startswith("wrote 7 change(s) to 1 table(s) on their audit branches")
-    assert headline({"status": "skipped", "source": "s", "files": [{}, {}], "override": {"reason": "bad export"}}) == "skipped 2 file(s) of s: bad export"
+    assert headline({"status": "written", "tables": [{**TABLE, "status": "written"}]}).startswith(
+        "wrote 7 change(s) to 1 table(s) on their audit branches"
+    )
+    assert (
+        headline({"status": "skipped", "source": "s", "files": [{}, {}], "override": {"reason": "bad export"}})
+        == "skipped 2 file(s) of s: bad export"
+    )
 
 
 def test_next_steps_give_form_values_and_cli():
@@ -60,11 +72,24 @@ def test_job_lines_are_logged_at_their_own_level():
         'File "x.py", line 1, in <module>',
     ]:
         log.info(line)
-    assert [lvl for lvl, _ in rec.lines] == ["info", "warning", "info", "debug", "error", "error", "info", "error", "error"]  # NativeCodeLoader: chatter
+    assert [lvl for lvl, _ in rec.lines] == [
+        "info",
+        "warning",
+        "info",
+        "debug",
+        "error",
+        "error",
+        "info",
+        "error",
+        "error",
+    ]  # NativeCodeLoader: chatter
     log.info("Identified spark driver id: %s", "d1")  # the hook's own lines stay INFO
     assert rec.lines[-1] == ("info", "Identified spark driver id: d1")
-    for chatter in ["26/11/25 03:57:03 INFO SparkContext: Running Spark version 4.1.3", "Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties",
-                    "26/11/25 03:56:58 WARN NativeCodeLoader: Unable to load native-hadoop library for your platform"]:
+    for chatter in [
+        "26/11/25 03:57:03 INFO SparkContext: Running Spark version 4.1.3",
+        "Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties",
+        "26/11/25 03:56:58 WARN NativeCodeLoader: Unable to load native-hadoop library for your platform",
+    ]:
         log.info(chatter)
         assert rec.lines[-1] == ("debug", chatter)
     log.info("26/11/25 03:57:05 WARN MemoryStore: Not enough space to cache rdd_1_0")  # a warning that matters stays one

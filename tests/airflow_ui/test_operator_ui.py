@@ -83,7 +83,9 @@ def test_a_failed_gate_says_what_to_do_next_and_report_still_summarises(ui, fail
     run_id = failed_run["dag_run_id"]
     tis = ui.task_instances(run_id)
     validate = tis[("table.validate", 0)]
-    assert validate["state"] == "failed" and tried(ui, run_id, "table.validate", validate["try_number"], "GateFailed", 0) == 1  # terminal: not retried
+    assert (
+        validate["state"] == "failed" and tried(ui, run_id, "table.validate", validate["try_number"], "GateFailed", 0) == 1
+    )  # terminal: not retried
     # finish records the attempt and fails the batch; report summarises it and fails the run (the last task decides it)
     assert tis[("finish", -1)]["state"] == "failed" and tis[("report", -1)]["state"] == "failed"
     errors = "\n".join(events(ui.log(run_id, "table.validate", validate["try_number"], 0), "error"))
@@ -100,7 +102,11 @@ def test_a_failed_gate_says_what_to_do_next_and_report_still_summarises(ui, fail
 
     needs_browser()
     page = ui.page(f"/dags/cdc_apply/runs/{quote(run_id, safe='')}/tasks/table.validate/mapped/0?try_number={validate['try_number']}")
-    step = ui.wait_for(lambda: page.find_elements("xpath", "//*[contains(text(), 'Next step, one of')]"), timeout=90, what="the next step in the task's log in the UI")
+    step = ui.wait_for(
+        lambda: page.find_elements("xpath", "//*[contains(text(), 'Next step, one of')]"),
+        timeout=90,
+        what="the next step in the task's log in the UI",
+    )
     page.execute_script("arguments[0].scrollIntoView({block: 'center'})", step[-1])
     time.sleep(1)
     ui.shot("failed-log-after")
@@ -112,7 +118,9 @@ def test_data_docs_open_from_the_ui_without_network(ui, failed_run, monkeypatch)
 
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", ui.base)  # as the workers have it
 
-    found = ui.api("GET", f"/dags/cdc_apply/dagRuns/{quote(failed_run['dag_run_id'], safe='')}/taskInstances/discover/xcomEntries/return_value")["value"]
+    found = ui.api(
+        "GET", f"/dags/cdc_apply/dagRuns/{quote(failed_run['dag_run_id'], safe='')}/taskInstances/discover/xcomEntries/return_value"
+    )["value"]
     found = found if isinstance(found, dict) else json.loads(found)
     table = load_result(found["result_file"]).table(CUSTOMERS)
     url = docs_url(table.data_docs, ui.env["CDC_HOME"])
@@ -126,7 +134,9 @@ def test_data_docs_open_from_the_ui_without_network(ui, failed_run, monkeypatch)
     needs_browser()
     page = ui.page(url.removeprefix(ui.base))
     # bootstrap-table (bundled) renders the validation list: it stays empty when a script it needs is missing
-    rows = ui.wait_for(lambda: page.find_elements("css selector", ".tab-pane.active table tbody tr[data-index]"), what="the validation list")
+    rows = ui.wait_for(
+        lambda: page.find_elements("css selector", ".tab-pane.active table tbody tr[data-index]"), what="the validation list"
+    )
     assert "Failed" in rows[0].get_attribute("innerHTML") or page.find_elements("css selector", ".tab-pane.active .fa-times")
     assert not [e for e in page.get_log("browser") if e["level"] == "SEVERE"]
     origins = page.execute_script("return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")
@@ -134,7 +144,9 @@ def test_data_docs_open_from_the_ui_without_network(ui, failed_run, monkeypatch)
     ui.shot("data-docs-after")
     # a row opens its validation (clicked in the page: bootstrap-table may have re-rendered the rows meanwhile)
     page.execute_script("document.querySelector('.tab-pane.active table tbody tr[data-index] td:nth-child(2)').click()")
-    ui.wait_for(lambda: "validations/" in page.current_url and "balance" in page.find_element("tag name", "body").text, what="the validation page")
+    ui.wait_for(
+        lambda: "validations/" in page.current_url and "balance" in page.find_element("tag name", "body").text, what="the validation page"
+    )
     assert set(page.execute_script("return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")) <= {ui.base}
     ui.shot("data-docs-validation-after")
 
@@ -143,15 +155,21 @@ def test_a_configuration_error_fails_once_in_discover_and_nothing_else_fails(ui,
     # a source that is not in include/sources.yaml is refused at the trigger (the form offers the list)
     import requests
 
-    r = requests.post(f"{ui.base}/api/v2/dags/cdc_apply/dagRuns", json={"logical_date": None, "conf": {"source": "pg_inventroy"}},
-                      headers={"Authorization": f"Bearer {ui.sa.token}"}, timeout=90)
+    r = requests.post(
+        f"{ui.base}/api/v2/dags/cdc_apply/dagRuns",
+        json={"logical_date": None, "conf": {"source": "pg_inventroy"}},
+        headers={"Authorization": f"Bearer {ui.sa.token}"},
+        timeout=90,
+    )
     assert r.status_code == 400 and "pg_inventroy" in r.text, r.text
     run_id = ui.trigger({"source": "pg_inventory", "override": "force"})  # no reason
     run = ui.wait(run_id, timeout=600)
     assert run["state"] == "failed"
     tis = ui.task_instances(run_id)
     discover = tis[("discover", -1)]
-    assert discover["state"] == "failed" and tried(ui, run_id, "discover", discover["try_number"], "configuration error") == 1  # not retried
+    assert (
+        discover["state"] == "failed" and tried(ui, run_id, "discover", discover["try_number"], "configuration error") == 1
+    )  # not retried
     assert tis[("finish", -1)]["state"] == "skipped"  # nothing to finish: says so, no TypeError
     assert sorted(k for k, t in tis.items() if t["state"] == "failed") == [("discover", -1), ("report", -1)]
     assert any("no batch: discover failed" in e for e in events(ui.log(run_id, "report", tis[("report", -1)]["try_number"]), "error"))
@@ -177,14 +195,18 @@ def test_a_forced_run_is_marked_and_its_ids_and_logs_are_right(ui, failed_run):
     events_ = ui.api("GET", "/assets/events?limit=10")["asset_events"]
     extra = [e for e in events_ if e["uri"] == "iceberg://lake/pg_inventory/customers"][-1]["extra"]
     assert extra["snapshot_id"] == str(snapshot), extra
-    publish = ui.api("GET", f"/dags/cdc_apply/dagRuns/{quote(run_id, safe='')}/taskInstances/table.publish/xcomEntries/return_value?map_index=0")["value"]
+    publish = ui.api(
+        "GET", f"/dags/cdc_apply/dagRuns/{quote(run_id, safe='')}/taskInstances/table.publish/xcomEntries/return_value?map_index=0"
+    )["value"]
     publish = publish if isinstance(publish, dict) else json.loads(publish)
     assert publish["snapshot_id"] == str(snapshot)
 
     tis = ui.task_instances(run_id)
     apply_log = ui.log(run_id, "apply", tis[("apply", -1)]["try_number"])
     text = "\n".join(events(apply_log))
-    assert any("operator override FORCE" in e for e in events(apply_log, "warning")), [x for x in apply_log if "override" in str(x.get("event"))]
+    assert any("operator override FORCE" in e for e in events(apply_log, "warning")), [
+        x for x in apply_log if "override" in str(x.get("event"))
+    ]
     assert " INFO SparkContext" not in text and "[warning][cds]" not in text  # Spark start-up and JVM chatter off
     assert any(e.startswith("batch ") or "change(s)" in e for e in events(apply_log, "info"))  # the short summary
     assert len([e for e in text.splitlines() if e.startswith("{")]) <= 1  # the result JSON on one line
@@ -205,14 +227,23 @@ def test_the_trigger_form_submits_with_its_defaults_and_offers_the_sources(ui, f
 
     page = ui.page("/dags/cdc_apply")
     ui.wait_for(lambda: page.find_element(By.CSS_SELECTOR, "button[aria-label='Trigger Dag']"), what="the Trigger button").click()
-    dialog = ui.wait_for(lambda: [d for d in page.find_elements(By.CSS_SELECTOR, "[role='dialog']") if "Run Parameters" in d.text][0], what="the trigger form")
-    submit = ui.wait_for(lambda: [b for b in dialog.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Trigger"][0], what="the form's Trigger button")
+    dialog = ui.wait_for(
+        lambda: next(d for d in page.find_elements(By.CSS_SELECTOR, "[role='dialog']") if "Run Parameters" in d.text),
+        what="the trigger form",
+    )
+    submit = ui.wait_for(
+        lambda: next(b for b in dialog.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Trigger"),
+        what="the form's Trigger button",
+    )
     assert submit.is_enabled(), "the form cannot be submitted with its defaults"
     assert "pg_inventory (debezium_postgres)" in dialog.text  # the source is a choice, shown with its format
     ui.shot("form-after")
     before = {r["dag_run_id"] for r in ui.api("GET", "/dags/cdc_apply/dagRuns?limit=100")["dag_runs"]}
     submit.click()
-    new = ui.wait_for(lambda: [r for r in ui.api("GET", "/dags/cdc_apply/dagRuns?limit=100")["dag_runs"] if r["dag_run_id"] not in before], what="the triggered run")
+    new = ui.wait_for(
+        lambda: [r for r in ui.api("GET", "/dags/cdc_apply/dagRuns?limit=100")["dag_runs"] if r["dag_run_id"] not in before],
+        what="the triggered run",
+    )
     run = ui.wait(new[0]["dag_run_id"], timeout=600)
     assert run["state"] == "success" and run["conf"]["table_filter"] == ".*" and run["conf"]["source"] == "pg_inventory"
     note = ui.wait_for(lambda: ui.api("GET", f"/dags/cdc_apply/dagRuns/{quote(run['dag_run_id'], safe='')}")["note"], what="the run note")

@@ -42,10 +42,7 @@ def outcome_dict(outcome: Any) -> dict[str, Any]:
 
 
 def golden_inputs() -> list[Path]:
-    return sorted(
-        p for p in CASES.iterdir()
-        if p.suffix in (".json", ".jsonl", ".txt") and not p.name.endswith(".expected.json")
-    )
+    return sorted(p for p in CASES.iterdir() if p.suffix in (".json", ".jsonl", ".txt") and not p.name.endswith(".expected.json"))
 
 
 def expected_path(path: Path) -> Path:
@@ -107,7 +104,7 @@ def test_every_spec_example_has_a_case() -> None:
         stored_compact = {s.replace(" ", "") for s in stored}
         for line in spec.read_text().split("\n"):
             t = line.strip()
-            if (t.startswith("{\"") or t.startswith("[\"")) and t.endswith(("}", "]")):
+            if (t.startswith('{"') or t.startswith('["')) and t.endswith(("}", "]")):
                 assert t.replace(" ", "") in stored_compact, f"spec example not stored: {t[:60]}"
 
 
@@ -144,7 +141,9 @@ def test_hlc_position_order_is_numeric_order() -> None:
     assert hlc_text("1745506768962755000.0000000001") > hlc_text("1745506768962755000.0000000000")
 
 
-@pytest.mark.parametrize("bad", ["", "abc", "1.5", "1.00000000001", "-1.0000000000", "0.0000000000", "1e18", None, True, 1.5, "1745506768962755000.0000000000??"])
+@pytest.mark.parametrize(
+    "bad", ["", "abc", "1.5", "1.00000000001", "-1.0000000000", "0.0000000000", "1e18", None, True, 1.5, "1745506768962755000.0000000000??"]
+)
 def test_hlc_rejects(bad: Any) -> None:
     with pytest.raises(DecodeError):
         parse_hlc(bad)
@@ -231,7 +230,9 @@ def test_position_preference_mvcc_then_hlc_then_updated() -> None:
     ev = one_event(wrapped(mvcc_timestamp="1700000000000000000.0000000004"), KEYED)
     assert ev.position.endswith(".0000000004")
     payload = {
-        "after": {"id": 1}, "op": "u", "ts_ns": 1800000000000000000,
+        "after": {"id": 1},
+        "op": "u",
+        "ts_ns": 1800000000000000000,
         "source": {"table_name": "items", "primary_keys": ["id"], "ts_hlc": "1700000000000000000.0000000002", "ts_ns": 1700000000000000000},
     }
     ev = one_event(payload)
@@ -250,8 +251,14 @@ def test_enriched_never_uses_top_level_ts_ns() -> None:
 
 
 def test_enriched_ops_and_source() -> None:
-    src = {"database_name": "shop", "schema_name": "public", "table_name": "items", "primary_keys": ["id"],
-           "mvcc_timestamp": UPD, "origin": "cockroachdb"}
+    src = {
+        "database_name": "shop",
+        "schema_name": "public",
+        "table_name": "items",
+        "primary_keys": ["id"],
+        "mvcc_timestamp": UPD,
+        "origin": "cockroachdb",
+    }
     for op, expect in (("c", Op.INSERT), ("u", Op.UPDATE), ("r", Op.READ)):
         ev = one_event({"after": {"id": 2, "x": "y"}, "before": None, "op": op, "source": src, "ts_ns": 1})
         assert (ev.op, ev.database, ev.schema, ev.table, ev.key_columns) == (expect, "shop", "public", "items", ["id"])
@@ -288,20 +295,27 @@ SCHEMA_FIELDS = [
 
 def enriched_with_schema(after: str) -> str:
     """Raw JSON text, so decimals stay as the doc renders them."""
-    schema = {"type": "struct", "name": "cockroachdb.envelope", "optional": False, "fields": [
-        {"field": "after", "type": "struct", "optional": False, "name": "items.after.value", "fields": SCHEMA_FIELDS},
-        {"field": "ts_ns", "type": "int64", "optional": False},
-        {"field": "op", "type": "string", "optional": False},
-    ]}
+    schema = {
+        "type": "struct",
+        "name": "cockroachdb.envelope",
+        "optional": False,
+        "fields": [
+            {"field": "after", "type": "struct", "optional": False, "name": "items.after.value", "fields": SCHEMA_FIELDS},
+            {"field": "ts_ns", "type": "int64", "optional": False},
+            {"field": "op", "type": "string", "optional": False},
+        ],
+    }
     src = json.dumps({"table_name": "items", "primary_keys": ["id"], "mvcc_timestamp": UPD})
-    return '{"payload": {"after": %s, "op": "c", "source": %s, "ts_ns": 1}, "schema": %s}' % (after, src, json.dumps(schema))
+    return f'{{"payload": {{"after": {after}, "op": "c", "source": {src}, "ts_ns": 1}}, "schema": {json.dumps(schema)}}}'
 
 
 def test_enriched_schema_types_are_exact() -> None:
-    after = ('{"id": 9223372036854775807, "price": 12345678.90, "big": 1234567890123456789012345678.0123456789, '
-             '"free": 3.14159265358979323846264338327950288419716939937510, "f": 0.1, "ok": true, '
-             '"ts": "2025-04-24T14:59:28.96273", "d": "2025-04-24", "t": "14:59:28.5", "b": "AAEC", '
-             '"j": {"z": 1, "a": [1.5, null]}, "arr": [1, 2], "odd": {"k": "v"}}')
+    after = (
+        '{"id": 9223372036854775807, "price": 12345678.90, "big": 1234567890123456789012345678.0123456789, '
+        '"free": 3.14159265358979323846264338327950288419716939937510, "f": 0.1, "ok": true, '
+        '"ts": "2025-04-24T14:59:28.96273", "d": "2025-04-24", "t": "14:59:28.5", "b": "AAEC", '
+        '"j": {"z": 1, "a": [1.5, null]}, "arr": [1, 2], "odd": {"k": "v"}}'
+    )
     ev = one_event(enriched_with_schema(after))
     assert ev.after == {
         "id": "9223372036854775807",
@@ -319,9 +333,21 @@ def test_enriched_schema_types_are_exact() -> None:
         "odd": '{"k":"v"}',
     }
     types = {c.name: c.type for c in ev.columns}
-    assert types == {"id": "bigint", "price": "decimal(10,2)", "big": "decimal(38,10)", "free": "string", "f": "double",
-                     "ok": "boolean", "ts": "timestamp", "d": "date", "t": "string", "b": "binary", "j": "string",
-                     "arr": "string", "odd": "string"}
+    assert types == {
+        "id": "bigint",
+        "price": "decimal(10,2)",
+        "big": "decimal(38,10)",
+        "free": "string",
+        "f": "double",
+        "ok": "boolean",
+        "ts": "timestamp",
+        "d": "date",
+        "t": "string",
+        "b": "binary",
+        "j": "string",
+        "arr": "string",
+        "odd": "string",
+    }
     assert [c.nullable for c in ev.columns][:2] == [False, False]
     assert INFERRED not in ev.notes
     assert any("unconstrained DECIMAL" in n for n in ev.notes)
@@ -331,29 +357,50 @@ def test_enriched_schema_types_are_exact() -> None:
 INFERRED = "no schema: column types inferred from JSON values"
 
 
-@pytest.mark.parametrize("after, reason", [
-    ('{"id": 1, "price": 1.005}', "more than 2 decimal places"),
-    ('{"id": 1, "price": 123456789.00}', "does not fit decimal(10,2)"),
-    ('{"id": 1, "price": "NaN"}', "finite"),
-    ('{"id": 1, "price": 1.00, "ts": "yesterday"}', "ts"),
-    ('{"id": 1, "price": 1.00, "b": "not base64!"}', "b"),
-    ('{"id": 1, "price": 1.00, "extra": 1}', "not in the message schema"),
-    ('{"id": "x", "price": 1.00}', "id"),
-    ('{"id": 9223372036854775808, "price": 1.00}', "does not fit bigint"),
-])
+@pytest.mark.parametrize(
+    "after, reason",
+    [
+        ('{"id": 1, "price": 1.005}', "more than 2 decimal places"),
+        ('{"id": 1, "price": 123456789.00}', "does not fit decimal(10,2)"),
+        ('{"id": 1, "price": "NaN"}', "finite"),
+        ('{"id": 1, "price": 1.00, "ts": "yesterday"}', "ts"),
+        ('{"id": 1, "price": 1.00, "b": "not base64!"}', "b"),
+        ('{"id": 1, "price": 1.00, "extra": 1}', "not in the message schema"),
+        ('{"id": "x", "price": 1.00}', "id"),
+        ('{"id": 9223372036854775808, "price": 1.00}', "does not fit bigint"),
+    ],
+)
 def test_value_not_fitting_type_quarantines(after: str, reason: str) -> None:
     assert reason in quarantined(enriched_with_schema(after))
 
 
 def test_schemaless_inference_is_exact() -> None:
-    text = ('{"after": {"id": 1, "dec": 45.00, "big": 123456789012345678901234567890, "tiny": 1E-3, "e": 1E+2, '
-            '"s": "x", "b": false, "j": {"a": 1.10}, "n": null}, "key": [1], "topic": "items", "updated": "%s"}' % UPD)
+    text = (
+        '{"after": {"id": 1, "dec": 45.00, "big": 123456789012345678901234567890, "tiny": 1E-3, "e": 1E+2, '
+        f'"s": "x", "b": false, "j": {{"a": 1.10}}, "n": null}}, "key": [1], "topic": "items", "updated": "{UPD}"}}'
+    )
     ev = one_event(text, KEYED)
-    assert ev.after == {"id": "1", "dec": "45.00", "big": "123456789012345678901234567890", "tiny": "0.001", "e": "100",
-                        "s": "x", "b": "false", "j": '{"a":1.10}', "n": None}
+    assert ev.after == {
+        "id": "1",
+        "dec": "45.00",
+        "big": "123456789012345678901234567890",
+        "tiny": "0.001",
+        "e": "100",
+        "s": "x",
+        "b": "false",
+        "j": '{"a":1.10}',
+        "n": None,
+    }
     assert {c.name: c.type for c in ev.columns} == {
-        "id": "bigint", "dec": "decimal(38,2)", "big": "decimal(38,0)", "tiny": "decimal(38,3)", "e": "decimal(38,0)",
-        "s": "string", "b": "boolean", "j": "string"}  # a JSON null declares no column
+        "id": "bigint",
+        "dec": "decimal(38,2)",
+        "big": "decimal(38,0)",
+        "tiny": "decimal(38,3)",
+        "e": "decimal(38,0)",
+        "s": "string",
+        "b": "boolean",
+        "j": "string",
+    }  # a JSON null declares no column
     assert ev.notes[0] == INFERRED
 
 
@@ -370,10 +417,12 @@ def test_bare_and_row() -> None:
 
 def test_resolved_forms() -> None:
     pos = hlc_text("1745506768962755000.0000000001")
-    for obj in ({"resolved": "1745506768962755000.0000000001"},
-                {"__crdb__": {"resolved": "1745506768962755000.0000000001"}},
-                {"key": "", "table": "", "value": '{"resolved":"1745506768962755000.0000000001"}'},
-                {"payload": {"resolved": "1745506768962755000.0000000001"}}):
+    for obj in (
+        {"resolved": "1745506768962755000.0000000001"},
+        {"__crdb__": {"resolved": "1745506768962755000.0000000001"}},
+        {"key": "", "table": "", "value": '{"resolved":"1745506768962755000.0000000001"}'},
+        {"payload": {"resolved": "1745506768962755000.0000000001"}},
+    ):
         out = decode(obj)
         assert len(out) == 1 and isinstance(out[0], Skipped), (obj, out)
         assert (out[0].reason, out[0].position, out[0].line) == ("resolved-watermark", pos, 3)
@@ -429,21 +478,24 @@ def test_table_name_sources_and_validation() -> None:
     assert ev.table == "items" and ev.key_columns == ["id"]
 
 
-@pytest.mark.parametrize("text, reason", [
-    ('{"after": {"id": 1}', "malformed JSON"),
-    ("", "malformed JSON"),
-    ('"just a string"', "not a JSON object"),
-    ("{}", "empty JSON object"),
-    ('{"after": {"id": 1}, "key": [1], "topic": "items", "updated": NaN}', "malformed JSON"),
-    ('{"after": {"id": 1}, "key": [1], "topic": "items", "updated": "1.5"}', "not an HLC"),
-    ('{"after": {"id": 1}, "key": [1], "topic": "items", "mvcc_timestamp": 17}', "not an HLC timestamp string"),
-    ('{"key": "[1", "table": "items", "value": "{}"}', "malformed JSON in archive wrapper key"),
-    ('{"key": "[1]", "table": "items", "value": "{\\"after\\""}', "malformed JSON in archive wrapper value"),
-    ('{"key": "[1]", "table": "items", "value": "[1]"}', "JSON array"),
-    ('{"payload": {"after": {"id": 1}, "op": "c", "bogus": 1}}', "unknown fields"),
-    ('{"payload": "x", "schema": {}}', "payload is not an object"),
-    ('{"schema": {"fields": []}}', "schema without a payload"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ('{"after": {"id": 1}', "malformed JSON"),
+        ("", "malformed JSON"),
+        ('"just a string"', "not a JSON object"),
+        ("{}", "empty JSON object"),
+        ('{"after": {"id": 1}, "key": [1], "topic": "items", "updated": NaN}', "malformed JSON"),
+        ('{"after": {"id": 1}, "key": [1], "topic": "items", "updated": "1.5"}', "not an HLC"),
+        ('{"after": {"id": 1}, "key": [1], "topic": "items", "mvcc_timestamp": 17}', "not an HLC timestamp string"),
+        ('{"key": "[1", "table": "items", "value": "{}"}', "malformed JSON in archive wrapper key"),
+        ('{"key": "[1]", "table": "items", "value": "{\\"after\\""}', "malformed JSON in archive wrapper value"),
+        ('{"key": "[1]", "table": "items", "value": "[1]"}', "JSON array"),
+        ('{"payload": {"after": {"id": 1}, "op": "c", "bogus": 1}}', "unknown fields"),
+        ('{"payload": "x", "schema": {}}', "payload is not an object"),
+        ('{"schema": {"fields": []}}', "schema without a payload"),
+    ],
+)
 def test_malformed_and_unknown_shapes_quarantine(text: str, reason: str) -> None:
     assert reason in quarantined(text, KEYED)
 
@@ -466,7 +518,9 @@ def test_sniff_and_detect() -> None:
     ]
     for text in yes:
         assert CockroachDbDecoder.sniff(text), text[:80]
-    assert not CockroachDbDecoder.sniff('{"schema": null, "payload": {"before": null, "after": {"id": 1}, "op": "c", "source": {"connector": "postgresql"}}}')
+    assert not CockroachDbDecoder.sniff(
+        '{"schema": null, "payload": {"before": null, "after": {"id": 1}, "op": "c", "source": {"connector": "postgresql"}}}'
+    )
     assert not CockroachDbDecoder.sniff("nope")
     assert decoder_class(Format.COCKROACHDB) is CockroachDbDecoder
     assert detect_format([(CASES / "03_full_fidelity.json").read_text()]) == Format.COCKROACHDB
@@ -513,8 +567,15 @@ def test_webhook_element_refusal_keeps_the_groupable_reason() -> None:
 
 def test_arrival_ordering_is_file_then_line_then_batch_index() -> None:
     msg = wrapped(updated=...)
-    pos = [one_event_in(f, msg, line) for f, line in (("a/2025-04-24/x.ndjson", 2), ("a/2025-04-24/x.ndjson", 10),
-                                                      ("a/2025-04-24/x.ndjson.gz", 1), ("a/2025-04-25/w.ndjson", 1))]
+    pos = [
+        one_event_in(f, msg, line)
+        for f, line in (
+            ("a/2025-04-24/x.ndjson", 2),
+            ("a/2025-04-24/x.ndjson", 10),
+            ("a/2025-04-24/x.ndjson.gz", 1),
+            ("a/2025-04-25/w.ndjson", 1),
+        )
+    ]
     assert pos == sorted(pos) and len(set(pos)) == 4
     assert pos[0] == "a/2025-04-24/x.ndjson\0" + "000000000002.000000"
     batch = {"payload": [wrapped(updated=..., after={"id": 1, "name": n}) for n in "abc"], "length": 3}
@@ -536,24 +597,40 @@ def test_envelope_row_option_reads_a_key_without_value_as_delete() -> None:
     ctx = DecodeContext(primary_keys={"vehicles": ["city", "id"]}, options={"ordering": "arrival", "envelope": "row"})
     out = decode_in("k.jsonl", {"key": '["seattle", "x1"]', "topic": "vehicles", "value": None}, ctx)
     ev = out[0]
-    assert (ev.op, ev.table, ev.after, ev.before, ev.key_columns) == (Op.DELETE, "vehicles", {}, {"city": "seattle", "id": "x1"}, ["city", "id"])
-    row = decode_in("k.jsonl", {"key": '["seattle", "x1"]', "topic": "vehicles", "value": '{"city": "seattle", "id": "x1", "s": 1}'}, ctx)[0]
+    assert (ev.op, ev.table, ev.after, ev.before, ev.key_columns) == (
+        Op.DELETE,
+        "vehicles",
+        {},
+        {"city": "seattle", "id": "x1"},
+        ["city", "id"],
+    )
+    row = decode_in("k.jsonl", {"key": '["seattle", "x1"]', "topic": "vehicles", "value": '{"city": "seattle", "id": "x1", "s": 1}'}, ctx)[
+        0
+    ]
     assert (row.op, row.after) == (Op.UPDATE, {"city": "seattle", "id": "x1", "s": "1"})
     assert "key_only" in refused(["seattle", "x1"], ctx)  # a key printed alone is still no row image
 
 
-@pytest.mark.parametrize("path, table", [
-    (f"/arch/crdb/2025-04-24/{SINK_NAME.format(topic='vehicles')}", ("vehicles", None, None)),  # daily (default)
-    (f"/arch/crdb/2025-04-24/14/{SINK_NAME.format(topic='vehicles')}", ("vehicles", None, None)),  # hourly
-    (SINK_NAME.format(topic="vehicles"), ("vehicles", None, None)),  # flat
-    (f"s3://b/p/2025-04-24/{SINK_NAME.format(topic='vehicles')}.gz", ("vehicles", None, None)),  # compression=gzip
-    (f"/a/2025-04-24/{SINK_NAME.format(topic='movr.public.vehicles')}", ("vehicles", "public", "movr")),  # full_table_name
-    ("/2020-04-02/202004022058072107140000000000000-56087568dba1e6b8-1-72-00000000-test_table-1.ndjson", ("test_table", None, None)),  # the docs' example
-])
+@pytest.mark.parametrize(
+    "path, table",
+    [
+        (f"/arch/crdb/2025-04-24/{SINK_NAME.format(topic='vehicles')}", ("vehicles", None, None)),  # daily (default)
+        (f"/arch/crdb/2025-04-24/14/{SINK_NAME.format(topic='vehicles')}", ("vehicles", None, None)),  # hourly
+        (SINK_NAME.format(topic="vehicles"), ("vehicles", None, None)),  # flat
+        (f"s3://b/p/2025-04-24/{SINK_NAME.format(topic='vehicles')}.gz", ("vehicles", None, None)),  # compression=gzip
+        (f"/a/2025-04-24/{SINK_NAME.format(topic='movr.public.vehicles')}", ("vehicles", "public", "movr")),  # full_table_name
+        (
+            "/2020-04-02/202004022058072107140000000000000-56087568dba1e6b8-1-72-00000000-test_table-1.ndjson",
+            ("test_table", None, None),
+        ),  # the docs' example
+    ],
+)
 def test_cloud_storage_file_name_names_the_table(path: str, table: tuple) -> None:
     ref = cloud_storage_table(path)
     assert (ref.table, ref.schema, ref.database) == table
-    ev = decode_in(path, wrapped(topic=..., updated=..., key=...), DecodeContext(primary_keys={table[0]: ["id"]}, options={"ordering": "arrival"}))[0]
+    ev = decode_in(
+        path, wrapped(topic=..., updated=..., key=...), DecodeContext(primary_keys={table[0]: ["id"]}, options={"ordering": "arrival"})
+    )[0]
     assert (ev.table, ev.schema, ev.database) == table
 
 
@@ -575,8 +652,12 @@ def test_file_name_and_message_table_must_agree() -> None:
 def test_hlc_orders_two_events_of_one_key_by_wall_then_logical() -> None:
     """Issue 17 item 5: the position is the HLC; logical breaks a wall-time tie,
     and a later wall wins over any logical (string order of the positions)."""
-    stamps = ["1700000000000000001.0000000000", "1700000000000000000.0000000009", "1700000000000000000.0000000010",
-              "1700000000000000000.0000000002"]
+    stamps = [
+        "1700000000000000001.0000000000",
+        "1700000000000000000.0000000009",
+        "1700000000000000000.0000000010",
+        "1700000000000000000.0000000002",
+    ]
     evs = [one_event(wrapped(updated=s, after={"id": 1, "name": s}), KEYED) for s in stamps]
     ordered = sorted(evs, key=lambda e: e.position)
     assert [e.after["name"] for e in ordered] == [stamps[3], stamps[1], stamps[2], stamps[0]]

@@ -23,7 +23,16 @@ def decode(cls, *lines: str, ctx: DecodeContext = KEYS) -> list[Any]:
 
 
 def pg(op: str, key: int, *, lsn: int, tx: int = 7, snapshot: Any = "false", seq: str | None = None, name: str | None = "a") -> str:
-    source = {"connector": "postgresql", "db": "shop", "schema": "public", "table": "items", "txId": tx, "lsn": lsn, "snapshot": snapshot, "ts_ms": 1}
+    source = {
+        "connector": "postgresql",
+        "db": "shop",
+        "schema": "public",
+        "table": "items",
+        "txId": tx,
+        "lsn": lsn,
+        "snapshot": snapshot,
+        "ts_ms": 1,
+    }
     if seq is not None:
         source["sequence"] = seq
     row = {"id": key, "name": name}
@@ -32,8 +41,16 @@ def pg(op: str, key: int, *, lsn: int, tx: int = 7, snapshot: Any = "false", seq
 
 
 def ss(op: str, key: int, *, commit: str, change: str | None, serial: int, name: str = "a") -> str:
-    source = {"connector": "sqlserver", "db": "shop", "schema": "dbo", "table": "items", "commit_lsn": commit, "change_lsn": change,
-              "event_serial_no": serial, "ts_ms": 1}
+    source = {
+        "connector": "sqlserver",
+        "db": "shop",
+        "schema": "dbo",
+        "table": "items",
+        "commit_lsn": commit,
+        "change_lsn": change,
+        "event_serial_no": serial,
+        "ts_ms": 1,
+    }
     row = {"id": key, "name": name}
     payload = {"before": row if op == "d" else None, "after": None if op == "d" else row, "source": source, "op": op}
     return json.dumps({"schema": None, "payload": payload})
@@ -44,7 +61,9 @@ def ss(op: str, key: int, *, commit: str, change: str | None, serial: int, name:
 
 
 @pytest.mark.parametrize("cls", DECODERS, ids=lambda c: c.format.value)
-@pytest.mark.parametrize("line", ["null", " null ", '{"schema":null,"payload":null}', '{"payload": null}', '{"key": {"id": 1}, "value": null}'])
+@pytest.mark.parametrize(
+    "line", ["null", " null ", '{"schema":null,"payload":null}', '{"payload": null}', '{"key": {"id": 1}, "value": null}']
+)
 def test_tombstone_lines_are_skipped(cls, line) -> None:
     (out,) = decode(cls, line)
     assert isinstance(out, Skipped) and out.reason == "kafka-tombstone", out
@@ -64,7 +83,9 @@ def test_other_non_objects_are_still_quarantined(cls, line) -> None:
 
 def test_sqlserver_same_lsns_are_ordered_by_event_serial_no() -> None:
     lsn = "0000002a:00000358:0003"
-    create, delete = decode(DebeziumSqlServerDecoder, ss("c", 1, commit=lsn, change=lsn, serial=2), ss("d", 1, commit=lsn, change=lsn, serial=1))
+    create, delete = decode(
+        DebeziumSqlServerDecoder, ss("c", 1, commit=lsn, change=lsn, serial=2), ss("d", 1, commit=lsn, change=lsn, serial=1)
+    )
     assert delete.position < create.position
     assert delete.position.startswith(create.position[:46])  # only the serial differs
 
@@ -156,12 +177,30 @@ def test_pk_update_halves_in_different_files_share_change_id() -> None:
 # --------------------------------------------------------------------------
 # 2. Payload-only (schemaless) messages, typed by the stored table or the configuration
 
-STORED = {"items": {"id": "int", "name": "string", "amount": "decimal(12,2)", "born": "date", "seen": "timestamp_ntz", "at": "timestamp",
-                    "opens": "string", "blob": "binary", "ok": "boolean", "ratio": "double"}}
+STORED = {
+    "items": {
+        "id": "int",
+        "name": "string",
+        "amount": "decimal(12,2)",
+        "born": "date",
+        "seen": "timestamp_ntz",
+        "at": "timestamp",
+        "opens": "string",
+        "blob": "binary",
+        "ok": "boolean",
+        "ratio": "double",
+    }
+}
 
 
-def schemaless(cls, after: dict[str, Any], *, op: str = "c", declared: dict | None = None, stored: dict | None = STORED, wrap: bool = False) -> Any:
-    line = json.loads(pg(op, 1, lsn=10) if cls is DebeziumPostgresDecoder else ss(op, 1, commit="0000002a:00000358:0003", change="0000002a:00000358:0003", serial=1))
+def schemaless(
+    cls, after: dict[str, Any], *, op: str = "c", declared: dict | None = None, stored: dict | None = STORED, wrap: bool = False
+) -> Any:
+    line = json.loads(
+        pg(op, 1, lsn=10)
+        if cls is DebeziumPostgresDecoder
+        else ss(op, 1, commit="0000002a:00000358:0003", change="0000002a:00000358:0003", serial=1)
+    )
     payload = line["payload"]
     payload["after"] = {"id": 1, **after}
     text = json.dumps(payload if wrap else line)
@@ -179,12 +218,33 @@ def unscaled_b64(text: str) -> int:
 @pytest.mark.parametrize("cls", DECODERS, ids=lambda c: c.format.value)
 @pytest.mark.parametrize("wrap", [False, True], ids=["schema-null", "payload-only"])
 def test_schemaless_values_decode_by_the_stored_types(cls, wrap) -> None:
-    ev = schemaless(cls, {"amount": "+oD1JQ==", "born": 19000, "seen": "2026-01-02T03:04:05.123456", "at": "2026-01-02T03:04:05Z",
-                          "blob": "AAE=", "ok": True, "ratio": 0.5, "name": "x", "opens": "09:00"}, wrap=wrap)
+    ev = schemaless(
+        cls,
+        {
+            "amount": "+oD1JQ==",
+            "born": 19000,
+            "seen": "2026-01-02T03:04:05.123456",
+            "at": "2026-01-02T03:04:05Z",
+            "blob": "AAE=",
+            "ok": True,
+            "ratio": 0.5,
+            "name": "x",
+            "opens": "09:00",
+        },
+        wrap=wrap,
+    )
     assert isinstance(ev, ChangeEvent), ev
     assert ev.after == {
-        "id": "1", "amount": f"{unscaled_b64('+oD1JQ==') / 100:.2f}", "born": "2022-01-08", "seen": "2026-01-02 03:04:05.123456",
-        "at": "2026-01-02 03:04:05.000000", "blob": "AAE=", "ok": "true", "ratio": "0.5", "name": "x", "opens": "09:00",
+        "id": "1",
+        "amount": f"{unscaled_b64('+oD1JQ==') / 100:.2f}",
+        "born": "2022-01-08",
+        "seen": "2026-01-02 03:04:05.123456",
+        "at": "2026-01-02 03:04:05.000000",
+        "blob": "AAE=",
+        "ok": "true",
+        "ratio": "0.5",
+        "name": "x",
+        "opens": "09:00",
     }
     assert {c.name: c.type for c in ev.columns} == STORED["items"]
     assert any("stored or declared" in n for n in ev.notes)
@@ -201,7 +261,11 @@ def test_schemaless_decimal_forms(raw, expected) -> None:
 def test_schemaless_epoch_timestamp_needs_its_unit() -> None:
     out = schemaless(DebeziumPostgresDecoder, {"seen": 1767225600123456})
     assert type(out).__name__ == "Quarantined" and "io.debezium.time.MicroTimestamp" in out.reason and "seen" in out.reason
-    for unit, n in (("io.debezium.time.Timestamp", 1767225600123), ("MicroTimestamp", 1767225600123456), ("NanoTimestamp", 1767225600123456000)):
+    for unit, n in (
+        ("io.debezium.time.Timestamp", 1767225600123),
+        ("MicroTimestamp", 1767225600123456),
+        ("NanoTimestamp", 1767225600123456000),
+    ):
         ev = schemaless(DebeziumPostgresDecoder, {"seen": n}, declared={"items": {"seen": unit}})
         assert ev.after["seen"] == ("2026-01-01 00:00:00.123000" if unit.endswith(".Timestamp") else "2026-01-01 00:00:00.123456"), unit
 
@@ -226,7 +290,9 @@ def test_schemaless_unknown_column_is_quarantined() -> None:
 
 
 def test_schemaless_types_from_the_declaration_alone() -> None:
-    ev = schemaless(DebeziumPostgresDecoder, {"amount": "+oD1JQ=="}, stored=None, declared={"items": {"id": "int", "amount": "decimal(12,2)"}})
+    ev = schemaless(
+        DebeziumPostgresDecoder, {"amount": "+oD1JQ=="}, stored=None, declared={"items": {"id": "int", "amount": "decimal(12,2)"}}
+    )
     assert {c.name: c.type for c in ev.columns} == {"id": "int", "amount": "decimal(12,2)"}
 
 
@@ -236,7 +302,9 @@ def test_schemaless_without_known_types_stays_untyped() -> None:
 
 
 def test_schemaless_placeholder_still_means_not_present() -> None:
-    ev = schemaless(DebeziumPostgresDecoder, {"name": "__debezium_unavailable_value", "blob": "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="}, op="u")
+    ev = schemaless(
+        DebeziumPostgresDecoder, {"name": "__debezium_unavailable_value", "blob": "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="}, op="u"
+    )
     assert "name" not in ev.after and "blob" not in ev.after
 
 
@@ -255,6 +323,8 @@ def test_declared_columns_in_the_sources_file(tmp_path) -> None:
     assert load_sources(settings)["s"].columns == {
         "dbo.items": {"id": "int", "amount": "decimal(12,2)", "seen": "io.debezium.time.NanoTimestamp", "opens": "MicroTime"}
     }
-    f.write_text("sources:\n  s:\n    format: debezium_sqlserver\n    tables:\n      dbo.items:\n        primary_key: [id]\n        columns: {id: integer}\n")
+    f.write_text(
+        "sources:\n  s:\n    format: debezium_sqlserver\n    tables:\n      dbo.items:\n        primary_key: [id]\n        columns: {id: integer}\n"
+    )
     with pytest.raises(ConfigError, match=r"column 'id' of table 'dbo.items' of source 's' has unknown type 'integer'; use a Spark type"):
         load_sources(settings)

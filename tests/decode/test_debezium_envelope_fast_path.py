@@ -13,19 +13,32 @@ from hypothesis import strategies as st
 
 from cdc_apply.decode import debezium_common as dc
 
-SCHEMA = {"type": "struct", "name": "srv.public.t.Envelope", "fields": [
-    {"type": "struct", "field": "after", "optional": True, "fields": [{"type": "int64", "field": "id", "optional": False}]},
-    {"type": "string", "field": "op", "optional": False},
-    {"type": "struct", "field": "x", "optional": True, "parameters": {"payload": "a ,\"payload\": b"}, "fields": []},
-]}
+SCHEMA = {
+    "type": "struct",
+    "name": "srv.public.t.Envelope",
+    "fields": [
+        {"type": "struct", "field": "after", "optional": True, "fields": [{"type": "int64", "field": "id", "optional": False}]},
+        {"type": "string", "field": "op", "optional": False},
+        {"type": "struct", "field": "x", "optional": True, "parameters": {"payload": 'a ,"payload": b'}, "fields": []},
+    ],
+}
 SCHEMA_TEXT = json.dumps(SCHEMA, separators=(",", ":"))
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False),
-                    st.text(max_size=12), st.sampled_from([',"payload":', '{"schema":', "}", '"}']))
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=12)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=12),
+    st.sampled_from([',"payload":', '{"schema":', "}", '"}']),
+)
+values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=12
+)
 payload_texts = st.one_of(
     st.dictionaries(st.sampled_from(["op", "after", "before", "source", "payload", "ts_ms"]), values, max_size=5).map(
-        lambda d: json.dumps(d, separators=(",", ":"))),
+        lambda d: json.dumps(d, separators=(",", ":"))
+    ),
     values.map(json.dumps),
     st.sampled_from(['{"op":"c"},"extra":1', '{"op":"c"', "", "null", '{"op":"c"} ', '{"op":1.50}', '{"a":1e400}']),
 )
@@ -46,7 +59,7 @@ def parse(line: str, *, learn: str | bool):
                 assert dc._last_known[0] == '{"schema":' + SCHEMA_TEXT + ',"payload":'
         try:
             rec = dc.parse_record(line)
-        except Exception as exc:  # noqa: BLE001 - the error itself is compared
+        except Exception as exc:
             return ("error", type(exc).__name__, str(exc))
         return ("record", repr(rec.payload), rec.schema, rec.key_payload, rec.has_key, rec.topic, rec.tombstone)
     finally:
@@ -76,10 +89,13 @@ def test_the_fast_path_is_taken_and_keeps_decimals_exact():
     dc._KNOWN_SCHEMAS.clear()
 
 
-@pytest.mark.parametrize("schema_text", [
-    SCHEMA_TEXT.replace('"optional":true', '"optional":true,"default":1.5', 1),  # floats: parsed exactly by the full path
-    '{"type":"struct","parameters":{"a":"1","payload":"2"}}',  # the first ',"payload":' is inside the schema
-])
+@pytest.mark.parametrize(
+    "schema_text",
+    [
+        SCHEMA_TEXT.replace('"optional":true', '"optional":true,"default":1.5', 1),  # floats: parsed exactly by the full path
+        '{"type":"struct","parameters":{"a":"1","payload":"2"}}',  # the first ',"payload":' is inside the schema
+    ],
+)
 def test_schemas_that_cannot_be_cut_safely_are_not_remembered(schema_text):
     dc._KNOWN_SCHEMAS.clear()
     dc._UNUSABLE_SCHEMAS.clear()

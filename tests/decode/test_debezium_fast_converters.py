@@ -26,8 +26,16 @@ FIELDS = {
     "bits": {"type": "bytes", "name": "io.debezium.data.Bits"},
     "blob": {"type": "bytes"},
     "dbl": {"type": "float64"},
-    "dec": {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2", "connect.decimal.precision": "6"}},
-    "dec0": {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "0", "connect.decimal.precision": "38"}},
+    "dec": {
+        "type": "bytes",
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": {"scale": "2", "connect.decimal.precision": "6"},
+    },
+    "dec0": {
+        "type": "bytes",
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": {"scale": "0", "connect.decimal.precision": "38"},
+    },
     "decp": {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "3"}},
     "ms": {"type": "int64", "name": "io.debezium.time.Timestamp"},
     "us": {"type": "int64", "name": "io.debezium.time.MicroTimestamp"},
@@ -57,7 +65,9 @@ raws = st.one_of(
     st.integers(-40_000_000_000_000, 260_000_000_000_000_000),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12),
-    st.sampled_from([PLACEHOLDER, PLACEHOLDER_B64, "", "AA==", "not base64!", "2026-02-30T10:00:00Z", "2026-11-24T24:00:00Z", "٢٠٢٦-11-24T10:00:00Z"]),
+    st.sampled_from(
+        [PLACEHOLDER, PLACEHOLDER_B64, "", "AA==", "not base64!", "2026-02-30T10:00:00Z", "2026-11-24T24:00:00Z", "٢٠٢٦-11-24T10:00:00Z"]
+    ),
     st.integers(-(10**40), 10**40).map(b64_int),
     st.integers(-(10**6), 10**6).map(b64_int),
     st.sampled_from([s * (10**p + d) for s in (1, -1) for p in (6, 38) for d in (-1, 0)]).map(b64_int),  # decimal edges

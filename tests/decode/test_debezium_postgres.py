@@ -45,7 +45,8 @@ def outcome_dict(outcome: Any) -> dict[str, Any]:
 
 def golden_inputs(folder: str) -> list[Path]:
     return sorted(
-        p for p in (CASES / folder).iterdir()
+        p
+        for p in (CASES / folder).iterdir()
         if p.is_file() and p.suffix in (".json", ".jsonl", ".txt") and not p.name.endswith(".expected.json")
     )
 
@@ -163,8 +164,14 @@ def dec_field(name: str, scale: int, precision: int | None = None) -> dict[str, 
     params = {"scale": str(scale)}
     if precision is not None:
         params["connect.decimal.precision"] = str(precision)
-    return {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
-            "version": 1, "parameters": params, "field": name}
+    return {
+        "type": "bytes",
+        "optional": True,
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "version": 1,
+        "parameters": params,
+        "field": name,
+    }
 
 
 def typed(name: str, literal: str, logical: str | None = None) -> dict[str, Any]:
@@ -246,15 +253,19 @@ def test_decimal_that_does_not_fit_is_quarantined() -> None:
 
 def test_decimal_numeric_json_stays_exact() -> None:
     """decimal.format=NUMERIC writes JSON numbers: never through float."""
-    text = message({"id": 1, "amount": 0}, [ID, dec_field("amount", 2, 20)]).replace(
-        '"amount":0', '"amount":123456789012345678.91'
-    )
+    text = message({"id": 1, "amount": 0}, [ID, dec_field("amount", 2, 20)]).replace('"amount":0', '"amount":123456789012345678.91')
     assert one_event(text).after["amount"] == "123456789012345678.91"
 
 
 def test_variable_scale_decimal() -> None:
-    f = {"type": "struct", "optional": True, "name": "io.debezium.data.VariableScaleDecimal", "version": 1,
-         "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}], "field": "n"}
+    f = {
+        "type": "struct",
+        "optional": True,
+        "name": "io.debezium.data.VariableScaleDecimal",
+        "version": 1,
+        "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}],
+        "field": "n",
+    }
     ev = one_event(message({"id": 1, "n": {"scale": 5, "value": b64_unscaled(-123456789)}}, [ID, f]))
     assert ev.after["n"] == "-1234.56789"
     assert ev.columns[1].type == "string"
@@ -277,7 +288,12 @@ def test_variable_scale_decimal() -> None:
         (typed("d", "int64", "io.debezium.time.MicroTimestamp"), -1, "timestamp_ntz", "1969-12-31 23:59:59.999999"),
         (typed("d", "int64", "io.debezium.time.NanoTimestamp"), 1529507596945104000, "timestamp_ntz", "2018-06-20 15:13:16.945104"),
         (typed("d", "int64", "org.apache.kafka.connect.data.Timestamp"), 0, "timestamp_ntz", "1970-01-01 00:00:00.000000"),
-        (typed("d", "string", "io.debezium.time.ZonedTimestamp"), "2018-06-20T15:13:16.945104+02:00", "timestamp", "2018-06-20 13:13:16.945104"),
+        (
+            typed("d", "string", "io.debezium.time.ZonedTimestamp"),
+            "2018-06-20T15:13:16.945104+02:00",
+            "timestamp",
+            "2018-06-20 13:13:16.945104",
+        ),
         (typed("d", "string", "io.debezium.time.ZonedTimestamp"), "2018-06-20T15:13:16Z", "timestamp", "2018-06-20 15:13:16.000000"),
         (typed("d", "int8"), -128, "tinyint", "-128"),
         (typed("d", "int16"), 32767, "smallint", "32767"),
@@ -289,7 +305,12 @@ def test_variable_scale_decimal() -> None:
         (typed("d", "string"), "héllo\n", "string", "héllo\n"),
         (typed("d", "bytes"), "AAEC", "binary", "AAEC"),
         (typed("d", "string", "io.debezium.data.Json"), '{"a": 1}', "string", '{"a": 1}'),
-        (typed("d", "string", "io.debezium.data.Uuid"), "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "string", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
+        (
+            typed("d", "string", "io.debezium.data.Uuid"),
+            "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            "string",
+            "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+        ),
         (typed("d", "string", "io.debezium.data.Xml"), "<a/>", "string", "<a/>"),
         (typed("d", "int32", "io.debezium.time.Year"), 2026, "int", "2026"),
     ],
@@ -308,7 +329,12 @@ def test_nano_timestamp_truncation_is_noted() -> None:
 
 
 def test_unknown_types_become_text_with_a_note() -> None:
-    fields = [ID, typed("g", "struct", "io.debezium.data.geometry.Point"), typed("a", "array"), typed("i", "int64", "io.debezium.time.MicroDuration")]
+    fields = [
+        ID,
+        typed("g", "struct", "io.debezium.data.geometry.Point"),
+        typed("a", "array"),
+        typed("i", "int64", "io.debezium.time.MicroDuration"),
+    ]
     ev = one_event(message({"id": 1, "g": {"x": 1.5, "y": 2}, "a": ["x", "y"], "i": 3600}, fields))
     assert ev.after == {"id": "1", "g": '{"x":1.5,"y":2}', "a": '["x","y"]', "i": "3600"}
     assert [c.type for c in ev.columns] == ["int", "string", "string", "string"]
@@ -349,8 +375,10 @@ def test_placeholder_means_not_present() -> None:
 
 
 def test_placeholder_in_a_key_column_is_quarantined() -> None:
-    key = {"schema": {"type": "struct", "fields": [{"type": "string", "optional": False, "field": "code"}]},
-           "payload": {"code": PLACEHOLDER}}
+    key = {
+        "schema": {"type": "struct", "fields": [{"type": "string", "optional": False, "field": "code"}]},
+        "payload": {"code": PLACEHOLDER},
+    }
     assert "key column code" in quarantined(message({"code": "x"}, [typed("code", "string")], key=key))
 
 
@@ -369,9 +397,15 @@ def test_schemaless_values() -> None:
 # Keys
 
 
-KEY = {"schema": {"type": "struct", "name": "pg.public.items.Key", "optional": False,
-                  "fields": [{"type": "int32", "optional": False, "field": "id"}]},
-       "payload": {"id": 1}}
+KEY = {
+    "schema": {
+        "type": "struct",
+        "name": "pg.public.items.Key",
+        "optional": False,
+        "fields": [{"type": "int32", "optional": False, "field": "id"}],
+    },
+    "payload": {"id": 1},
+}
 
 
 def test_key_from_kafka_key_wins_over_configuration() -> None:
@@ -434,7 +468,10 @@ def test_position_is_padded_lsn_and_orders_like_the_lsn() -> None:
 
 
 def test_lsn_as_digit_string_is_accepted() -> None:
-    assert one_event(message({"id": 1}, [ID], source={"lsn": "123", "sequence": None})).position == "00000000000000000123|1|00000000000000000000"
+    assert (
+        one_event(message({"id": 1}, [ID], source={"lsn": "123", "sequence": None})).position
+        == "00000000000000000123|1|00000000000000000000"
+    )
 
 
 def test_sequence_is_parsed_as_integers() -> None:
@@ -489,7 +526,10 @@ def test_truncate() -> None:
         (message({"id": 1, "zz": 2}, [ID]), "not declared in the schema"),
         (message({"id": 1}, [ID], source={"connector": "sqlserver"}), "expected 'postgresql'"),
         (message(None, [ID]), "without an after image"),
-        ('{"schema": {"type": "struct", "name": "pg.public.items.Key", "fields": [{"type": "int32", "field": "id"}]}, "payload": {"id": 1}}', "key record"),
+        (
+            '{"schema": {"type": "struct", "name": "pg.public.items.Key", "fields": [{"type": "int32", "field": "id"}]}, "payload": {"id": 1}}',
+            "key record",
+        ),
         ('{"hello": "world"}', "no 'op'"),
         ('{"key": "not json", "value": null}', "Kafka key"),
     ],
@@ -504,7 +544,10 @@ def test_quarantine(text, needle) -> None:
         ('{"key": {"id": 1}, "value": null}', "kafka-tombstone"),
         ('{"key": "{\\"id\\": 1}", "value": null, "topic": "pg.public.items", "partition": 0, "offset": 9}', "kafka-tombstone"),
         ('{"status": "BEGIN", "id": "571:53195832", "ts_ms": 1, "event_count": null, "data_collections": null}', "transaction-marker"),
-        ('{"schema": null, "payload": {"status": "END", "id": "571:53195832", "ts_ms": 1, "event_count": 2, "data_collections": []}}', "transaction-marker"),
+        (
+            '{"schema": null, "payload": {"status": "END", "id": "571:53195832", "ts_ms": 1, "event_count": 2, "data_collections": []}}',
+            "transaction-marker",
+        ),
         (message(None, None, op="m").replace('"after":null', '"message":{"prefix":"p","content":"eA=="}'), "logical-message"),
         ('{"ts_ms": 1767225600000}', "heartbeat"),
         ('{"payload": {"source": {}, "databaseName": "shop", "ddl": "ALTER TABLE t ADD c int", "tableChanges": []}}', "schema-change"),

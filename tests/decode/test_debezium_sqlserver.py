@@ -41,9 +41,13 @@ def row_schema(fields: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "type": "struct",
         "name": "server1.testDB.dbo.customers.Envelope",
-        "fields": [{**row, "field": "before"}, {**row, "field": "after"},
-                   {"type": "struct", "fields": [], "name": "io.debezium.connector.sqlserver.Source", "field": "source"},
-                   {"type": "string", "field": "op"}, {"type": "int64", "optional": True, "field": "ts_ms"}],
+        "fields": [
+            {**row, "field": "before"},
+            {**row, "field": "after"},
+            {"type": "struct", "fields": [], "name": "io.debezium.connector.sqlserver.Source", "field": "source"},
+            {"type": "string", "field": "op"},
+            {"type": "int64", "optional": True, "field": "ts_ms"},
+        ],
     }
 
 
@@ -73,8 +77,7 @@ def quarantined(text: str) -> str:
     return out[0].reason
 
 
-KEY = {"schema": {"type": "struct", "fields": [ID], "optional": False, "name": "server1.testDB.dbo.customers.Key"},
-       "payload": {"id": 1}}
+KEY = {"schema": {"type": "struct", "fields": [ID], "optional": False, "name": "server1.testDB.dbo.customers.Key"}, "payload": {"id": 1}}
 
 
 # --------------------------------------------------------------------------
@@ -102,7 +105,11 @@ def test_golden_positions_follow_the_spec() -> None:
 
 
 def test_position_layout_and_snapshot() -> None:
-    ev = one_event(message({"id": 1}, [ID], source={"commit_lsn": "0000002A:00000358:0003", "change_lsn": "0000002a:00000358:0002", "event_serial_no": "2"}))
+    ev = one_event(
+        message(
+            {"id": 1}, [ID], source={"commit_lsn": "0000002A:00000358:0003", "change_lsn": "0000002a:00000358:0002", "event_serial_no": "2"}
+        )
+    )
     assert ev.position == "0000002a:00000358:0003|0000002a:00000358:0002|0000000002"
     snap = one_event(message({"id": 1}, [ID], op="r", source={"change_lsn": None, "event_serial_no": None, "snapshot": "true"}))
     assert snap.position == "00000027:00000758:0005|00000000:00000000:0000|0000000000"
@@ -125,7 +132,12 @@ def test_position_string_order_is_lsn_order_in_either_case() -> None:
         c, ch = _lsn(commit), _lsn(change)
         if upper:
             c, ch = c.upper(), ch.upper()
-        events.append(((commit, change, serial), one_event(message({"id": 1}, [ID], source={"commit_lsn": c, "change_lsn": ch, "event_serial_no": serial}))))
+        events.append(
+            (
+                (commit, change, serial),
+                one_event(message({"id": 1}, [ID], source={"commit_lsn": c, "change_lsn": ch, "event_serial_no": serial})),
+            )
+        )
     assert [t for t, _ in sorted(events, key=lambda te: te[1].position)] == sorted(t for t, _ in events)
     assert all(len(e.position) == 56 and e.position == e.position.lower() for _, e in events)
 
@@ -150,26 +162,60 @@ def test_malformed_lsn(bad) -> None:
 
 
 def test_sqlserver_type_table_spot_checks() -> None:
-    fields = [ID,
-              typed("tiny", "int16"),
-              typed("dt2", "int64", "io.debezium.time.NanoTimestamp"),
-              typed("dt", "int64", "io.debezium.time.Timestamp"),
-              typed("dto", "string", "io.debezium.time.ZonedTimestamp"),
-              dec_field("money", 4, 19),
-              typed("t7", "int64", "io.debezium.time.NanoTime"),
-              typed("x", "string", "io.debezium.data.Xml")]
-    after = {"id": 1, "tiny": 255, "dt2": 1529507596945104700, "dt": 1529507596947, "dto": "2019-01-17T10:11:14.924+01:00",
-             "money": b64_unscaled(-922337203685477), "t7": 45_296_789_012_300, "x": "<a/>"}
+    fields = [
+        ID,
+        typed("tiny", "int16"),
+        typed("dt2", "int64", "io.debezium.time.NanoTimestamp"),
+        typed("dt", "int64", "io.debezium.time.Timestamp"),
+        typed("dto", "string", "io.debezium.time.ZonedTimestamp"),
+        dec_field("money", 4, 19),
+        typed("t7", "int64", "io.debezium.time.NanoTime"),
+        typed("x", "string", "io.debezium.data.Xml"),
+    ]
+    after = {
+        "id": 1,
+        "tiny": 255,
+        "dt2": 1529507596945104700,
+        "dt": 1529507596947,
+        "dto": "2019-01-17T10:11:14.924+01:00",
+        "money": b64_unscaled(-922337203685477),
+        "t7": 45_296_789_012_300,
+        "x": "<a/>",
+    }
     ev = one_event(message(after, fields))
-    assert ev.after == {"id": "1", "tiny": "255", "dt2": "2018-06-20 15:13:16.945104", "dt": "2018-06-20 15:13:16.947000",
-                        "dto": "2019-01-17 09:11:14.924000", "money": "-92233720368.5477", "t7": "12:34:56.789012300", "x": "<a/>"}
-    assert [c.type for c in ev.columns] == ["int", "smallint", "timestamp_ntz", "timestamp_ntz", "timestamp", "decimal(19,4)", "string", "string"]
+    assert ev.after == {
+        "id": "1",
+        "tiny": "255",
+        "dt2": "2018-06-20 15:13:16.945104",
+        "dt": "2018-06-20 15:13:16.947000",
+        "dto": "2019-01-17 09:11:14.924000",
+        "money": "-92233720368.5477",
+        "t7": "12:34:56.789012300",
+        "x": "<a/>",
+    }
+    assert [c.type for c in ev.columns] == [
+        "int",
+        "smallint",
+        "timestamp_ntz",
+        "timestamp_ntz",
+        "timestamp",
+        "decimal(19,4)",
+        "string",
+        "string",
+    ]
 
 
 def test_unavailable_placeholder_for_max_columns_means_not_present() -> None:
     fields = [ID, typed("notes", "string"), typed("blob", "bytes")]
-    ev = one_event(message({"id": 1, "notes": PLACEHOLDER, "blob": PLACEHOLDER_B64}, fields, op="u",
-                           before={"id": 1, "notes": "old", "blob": "AA=="}, key=KEY))
+    ev = one_event(
+        message(
+            {"id": 1, "notes": PLACEHOLDER, "blob": PLACEHOLDER_B64},
+            fields,
+            op="u",
+            before={"id": 1, "notes": "old", "blob": "AA=="},
+            key=KEY,
+        )
+    )
     assert ev.after == {"id": "1"}
     assert ev.before == {"id": "1", "notes": "old", "blob": "AA=="}
 
@@ -211,10 +257,22 @@ def test_quarantine(text, needle) -> None:
     "text,reason",
     [
         ('{"key": {"schema": null, "payload": {"id": 1005}}, "value": null}', "kafka-tombstone"),
-        ('{"status": "BEGIN", "id": "00000025:00000d08:0025", "ts_ms": 1486500577125, "event_count": null, "data_collections": null}', "transaction-marker"),
-        ('{"schema": {"type": "struct", "name": "io.debezium.connector.common.TransactionMetadataValue", "fields": []}, "payload": {"status": "END", "id": "x", "ts_ms": 1, "event_count": 2, "data_collections": []}}', "transaction-marker"),
-        ('{"payload": {"source": {"commit_lsn": "00000025:00000d98:00a2"}, "databaseName": "testDB", "schemaName": "dbo", "ddl": null, "tableChanges": []}}', "schema-change"),
-        ('{"key": {"databaseName": "testDB"}, "value": {"source": {}, "databaseName": "testDB", "ddl": null, "tableChanges": []}, "topic": "server1"}', "schema-change"),
+        (
+            '{"status": "BEGIN", "id": "00000025:00000d08:0025", "ts_ms": 1486500577125, "event_count": null, "data_collections": null}',
+            "transaction-marker",
+        ),
+        (
+            '{"schema": {"type": "struct", "name": "io.debezium.connector.common.TransactionMetadataValue", "fields": []}, "payload": {"status": "END", "id": "x", "ts_ms": 1, "event_count": 2, "data_collections": []}}',
+            "transaction-marker",
+        ),
+        (
+            '{"payload": {"source": {"commit_lsn": "00000025:00000d98:00a2"}, "databaseName": "testDB", "schemaName": "dbo", "ddl": null, "tableChanges": []}}',
+            "schema-change",
+        ),
+        (
+            '{"key": {"databaseName": "testDB"}, "value": {"source": {}, "databaseName": "testDB", "ddl": null, "tableChanges": []}, "topic": "server1"}',
+            "schema-change",
+        ),
         ('{"key": {"serverName": "server1"}, "value": {"ts_ms": 1}, "topic": "__debezium-heartbeat.server1"}', "heartbeat"),
     ],
 )
@@ -224,8 +282,13 @@ def test_skip(text, reason) -> None:
 
 
 def test_every_message_accounted_for() -> None:
-    lines = [message({"id": 1}, [ID], key=KEY), '{"key": {"id": 1}, "value": null}', "{oops", message({"id": 1}, [ID], op="z"),
-             '{"status": "END", "id": "a", "ts_ms": 1, "event_count": 1, "data_collections": []}']
+    lines = [
+        message({"id": 1}, [ID], key=KEY),
+        '{"key": {"id": 1}, "value": null}',
+        "{oops",
+        message({"id": 1}, [ID], op="z"),
+        '{"status": "END", "id": "a", "ts_ms": 1, "event_count": 1, "data_collections": []}',
+    ]
     out = list(decode_all(DebeziumSqlServerDecoder(), [RawMessage("f", i, t) for i, t in enumerate(lines, 1)]))
     assert [type(o).__name__ for o in out] == ["ChangeEvent", "Skipped", "Quarantined", "Quarantined", "Skipped"]
 

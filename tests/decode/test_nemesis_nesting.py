@@ -21,7 +21,9 @@ DEPTH = 10_000
 
 def _deep_lines(fmt: str, kwargs: dict) -> list[str]:
     writer = importlib.import_module(f"tests.formats.write_{fmt}")
-    change = SyntheticChange(op="c", key={"id": 1}, after={"id": 1, "name": "a", "amount": None, "updated_at": None}, before=None, seq=1, tx=1, commit_ts=T0)
+    change = SyntheticChange(
+        op="c", key={"id": 1}, after={"id": 1, "name": "a", "amount": None, "updated_at": None}, before=None, seq=1, tx=1, commit_ts=T0
+    )
     good = writer.write_messages([change], **kwargs)[-1]
     nested = "[" * DEPTH + "]" * DEPTH
     inside = good[:-1] + ',"deep":' + nested + "}"  # a valid message with a deep extra field
@@ -40,4 +42,6 @@ def test_deep_nesting_is_quarantined_not_a_traceback(fmt, kwargs):
     for o in deep:
         if isinstance(o, Quarantined):
             assert "Recursion" not in o.reason, o.reason
-    assert any(isinstance(o, Quarantined) and ("nested" in o.reason or "depth" in o.reason) for o in deep), [getattr(o, "reason", o) for o in deep]
+    assert any(isinstance(o, Quarantined) and ("nested" in o.reason or "depth" in o.reason) for o in deep), [
+        getattr(o, "reason", o) for o in deep
+    ]

@@ -15,7 +15,7 @@ from cdc_apply.decode.base import DecodeContext, decode_all
 from cdc_apply.model import Quarantined, RawMessage
 from tests.formats.synthetic import SyntheticChange
 
-T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 FORMATS = [
     ("debezium_postgres", {}),
     ("debezium_sqlserver", {}),
@@ -51,12 +51,19 @@ def _set_op(obj, bad) -> bool:
 @pytest.mark.parametrize("fmt, kwargs", FORMATS, ids=[f for f, _ in FORMATS])
 def test_op_of_the_wrong_json_type_is_quarantined_naming_the_field(fmt, kwargs, bad):
     writer = importlib.import_module(f"tests.formats.write_{fmt}")
-    change = SyntheticChange(op="c", key={"id": 1}, after={"id": 1, "name": "a", "amount": None, "updated_at": None}, before=None, seq=1, tx=1, commit_ts=T0)
+    change = SyntheticChange(
+        op="c", key={"id": 1}, after={"id": 1, "name": "a", "amount": None, "updated_at": None}, before=None, seq=1, tx=1, commit_ts=T0
+    )
     lines = writer.write_messages([change], **kwargs)
     obj = json.loads(lines[-1])
     assert _set_op(obj, bad), f"no op field found in a {fmt} message"
     lines[-1] = json.dumps(obj)
-    outcomes = list(decode_all(make_decoder(fmt, DecodeContext(source="s", primary_keys={"items": ["id"]})), [RawMessage("f", i, t) for i, t in enumerate(lines, 1)]))
+    outcomes = list(
+        decode_all(
+            make_decoder(fmt, DecodeContext(source="s", primary_keys={"items": ["id"]})),
+            [RawMessage("f", i, t) for i, t in enumerate(lines, 1)],
+        )
+    )
     bad_out = [o for o in outcomes if o.line == len(lines)]
     assert len(bad_out) == 1 and isinstance(bad_out[0], Quarantined), outcomes
     reason = bad_out[0].reason

@@ -106,9 +106,16 @@ def test_golden_quarantine_reasons() -> None:
     outcomes = list(decode_all(QlikDecoder(), messages_of(CASES / "11_quarantines.jsonl")))
     reasons = [o.reason for o in outcomes if isinstance(o, Quarantined)]
     assert len(reasons) == 8 and len(outcomes) == 9
-    expected = ["unknown operation 'UPSERT'", "is not a 35-digit string", "is not hexadecimal",
-                "sets ordinal 13 but the table's last ordinal is 12", "malformed JSON",
-                "has more than 2 decimal places", "does not fit smallint", "DELETE without a value for key column"]
+    expected = [
+        "unknown operation 'UPSERT'",
+        "is not a 35-digit string",
+        "is not hexadecimal",
+        "sets ordinal 13 but the table's last ordinal is 12",
+        "malformed JSON",
+        "has more than 2 decimal places",
+        "does not fit smallint",
+        "DELETE without a value for key column",
+    ]
     for reason, text in zip(reasons, expected):
         assert text in reason, (reason, text)
 
@@ -146,27 +153,66 @@ def test_mask_malformed(bad: str) -> None:
 # Builders for unit tests
 
 
-def meta(columns: dict[str, tuple[str, int]], version: int = 1, *, schema_id: str | None = None,
-         table: str = "T", schema: str = "S", precision: dict[str, tuple[int, int]] | None = None) -> str:
+def meta(
+    columns: dict[str, tuple[str, int]],
+    version: int = 1,
+    *,
+    schema_id: str | None = None,
+    table: str = "T",
+    schema: str = "S",
+    precision: dict[str, tuple[int, int]] | None = None,
+) -> str:
     """columns: name -> (Qlik type, primaryKeyPosition); ordinals in dict order."""
     precision = precision or {}
     cols = {
-        name: {"ordinal": i, "type": t, "length": 0, "precision": precision.get(name, (0, 0))[0],
-               "scale": precision.get(name, (0, 0))[1], "primaryKeyPosition": pk}
+        name: {
+            "ordinal": i,
+            "type": t,
+            "length": 0,
+            "precision": precision.get(name, (0, 0))[0],
+            "scale": precision.get(name, (0, 0))[1],
+            "primaryKeyPosition": pk,
+        }
         for i, (name, (t, pk)) in enumerate(columns.items(), 1)
     }
-    msg = {"schemaId": schema_id or f"sid-{schema}-{table}-{version}",
-           "lineage": {"server": "srv", "task": "task", "schema": schema, "table": table, "tableVersion": version,
-                       "timestamp": "2026-01-01T00:00:00.000"},
-           "tableStructure": {"tableColumns": cols}, "dataSchema": "{}"}
+    msg = {
+        "schemaId": schema_id or f"sid-{schema}-{table}-{version}",
+        "lineage": {
+            "server": "srv",
+            "task": "task",
+            "schema": schema,
+            "table": table,
+            "tableVersion": version,
+            "timestamp": "2026-01-01T00:00:00.000",
+        },
+        "tableStructure": {"tableColumns": cols},
+        "dataSchema": "{}",
+    }
     return orjson.dumps(msg).decode()
 
 
-def data(row: dict[str, Any], op: str = "INSERT", *, seq: int = 1, before: dict[str, Any] | None = None,
-         table: str = "T", schema: str = "S", **headers: Any) -> str:
-    h = {"operation": op, "changeSequence": "2026010100000000" + f"{seq:019d}", "timestamp": "2026-01-01T00:00:00.000",
-         "streamPosition": "x", "transactionId": "tx1", "changeMask": None, "columnMask": None,
-         "transactionEventCounter": 1, "transactionLastEvent": True, **headers}
+def data(
+    row: dict[str, Any],
+    op: str = "INSERT",
+    *,
+    seq: int = 1,
+    before: dict[str, Any] | None = None,
+    table: str = "T",
+    schema: str = "S",
+    **headers: Any,
+) -> str:
+    h = {
+        "operation": op,
+        "changeSequence": "2026010100000000" + f"{seq:019d}",
+        "timestamp": "2026-01-01T00:00:00.000",
+        "streamPosition": "x",
+        "transactionId": "tx1",
+        "changeMask": None,
+        "columnMask": None,
+        "transactionEventCounter": 1,
+        "transactionLastEvent": True,
+        **headers,
+    }
     return orjson.dumps({"schema": schema, "table": table, "data": row, "beforeData": before, "headers": h}).decode()
 
 
@@ -223,11 +269,13 @@ def test_change_mask_validated() -> None:
 
 
 def test_operations_and_positions() -> None:
-    out = run(meta(BASIC),
-              data({"id": 1, "v": "r"}, "REFRESH", changeSequence="", timestamp="", transactionId="", transactionEventCounter=0),
-              data({"id": 1, "v": "a"}, "INSERT", seq=3, transactionEventCounter=2),
-              data({"id": 1, "v": "b"}, "UPDATE", seq=4, before={"id": 1, "v": "a"}),
-              data({"id": 1, "v": "b"}, "DELETE", seq=5))
+    out = run(
+        meta(BASIC),
+        data({"id": 1, "v": "r"}, "REFRESH", changeSequence="", timestamp="", transactionId="", transactionEventCounter=0),
+        data({"id": 1, "v": "a"}, "INSERT", seq=3, transactionEventCounter=2),
+        data({"id": 1, "v": "b"}, "UPDATE", seq=4, before={"id": 1, "v": "a"}),
+        data({"id": 1, "v": "b"}, "DELETE", seq=5),
+    )
     assert isinstance(out[0], Skipped) and out[0].reason == "table-metadata"
     events = out[1:]
     assert [e.op for e in events] == [Op.READ, Op.INSERT, Op.UPDATE, Op.DELETE]
@@ -269,9 +317,11 @@ def test_pk_change_update_splits() -> None:
 def test_transaction_event_counter_breaks_ties_at_one_change_sequence() -> None:
     """Two different changes of one key at one changeSequence: the
     transactionEventCounter orders them, whatever the arrival order."""
-    out = run(meta(BASIC),
-              data({"id": 1, "v": "second"}, "UPDATE", seq=7, transactionEventCounter=10),
-              data({"id": 1, "v": "first"}, "UPDATE", seq=7, transactionEventCounter=9))
+    out = run(
+        meta(BASIC),
+        data({"id": 1, "v": "second"}, "UPDATE", seq=7, transactionEventCounter=10),
+        data({"id": 1, "v": "first"}, "UPDATE", seq=7, transactionEventCounter=9),
+    )
     later, earlier = out[1:]
     assert later.position.split("|")[0] == earlier.position.split("|")[0]
     assert later.position == "20260101000000000000000000000000007|00000000000000000010|1"
@@ -280,9 +330,13 @@ def test_transaction_event_counter_breaks_ties_at_one_change_sequence() -> None:
 
 def test_change_id_pairs_the_halves_of_a_key_change_only() -> None:
     seq = "2026010100000000" + f"{9:019d}"
-    out = run(meta(BASIC), data({"id": 2, "v": "b"}, "UPDATE", seq=9, before={"id": 1, "v": "a"}),
-              data({"id": 2, "v": "c"}, "UPDATE", seq=10), data({"id": 3, "v": "d"}, "INSERT", seq=11),
-              data({"id": 4, "v": "r"}, "REFRESH", changeSequence="", transactionEventCounter=0))
+    out = run(
+        meta(BASIC),
+        data({"id": 2, "v": "b"}, "UPDATE", seq=9, before={"id": 1, "v": "a"}),
+        data({"id": 2, "v": "c"}, "UPDATE", seq=10),
+        data({"id": 3, "v": "d"}, "INSERT", seq=11),
+        data({"id": 4, "v": "r"}, "REFRESH", changeSequence="", transactionEventCounter=0),
+    )
     old, new, upd, ins, refresh = out[1:]
     assert old.change_id == new.change_id == seq
     assert upd.change_id == seq[:-2] + "10" and ins.change_id == seq[:-2] + "11"
@@ -292,8 +346,7 @@ def test_change_id_pairs_the_halves_of_a_key_change_only() -> None:
 def test_pk_change_new_key_carries_only_present_columns() -> None:
     cols = {"id": ("INT4", 1), "a": ("STRING", 0), "b": ("STRING", 0)}
     # columnMask 05: ordinals 1 and 3 present, 'a' (ordinal 2) not present in either image
-    out = run(meta(cols), data({"id": 2, "a": None, "b": "y"}, "UPDATE", seq=9,
-                               before={"id": 1, "a": None, "b": "x"}, columnMask="05"))
+    out = run(meta(cols), data({"id": 2, "a": None, "b": "y"}, "UPDATE", seq=9, before={"id": 1, "a": None, "b": "x"}, columnMask="05"))
     old, new = out[1:]
     assert (old.op, new.op) == (Op.DELETE, Op.INSERT) and old.change_id == new.change_id
     assert new.after == {"id": "2", "b": "y"} and "a" not in new.after
@@ -318,14 +371,33 @@ def test_missing_event_counter_noted() -> None:
 # Types
 
 
-@pytest.mark.parametrize("qtype,prec,expected", [
-    ("INT1", None, "tinyint"), ("INT2", None, "smallint"), ("INT4", None, "int"), ("INT8", None, "bigint"),
-    ("UINT1", None, "smallint"), ("UINT2", None, "int"), ("UINT4", None, "bigint"), ("UINT8", None, "decimal(20,0)"),
-    ("NUMERIC", (10, 2), "decimal(10,2)"), ("NUMERIC(38,10)", None, "decimal(38,10)"), ("REAL4", None, "float"),
-    ("REAL8", None, "double"), ("STRING", None, "string"), ("WSTRING", None, "string"), ("CLOB", None, "string"),
-    ("NCLOB", None, "string"), ("BLOB", None, "binary"), ("BYTES", None, "binary"), ("BOOLEAN", None, "boolean"),
-    ("DATE", None, "date"), ("TIME", None, "string"), ("DATETIME", None, "timestamp_ntz"),
-])
+@pytest.mark.parametrize(
+    "qtype,prec,expected",
+    [
+        ("INT1", None, "tinyint"),
+        ("INT2", None, "smallint"),
+        ("INT4", None, "int"),
+        ("INT8", None, "bigint"),
+        ("UINT1", None, "smallint"),
+        ("UINT2", None, "int"),
+        ("UINT4", None, "bigint"),
+        ("UINT8", None, "decimal(20,0)"),
+        ("NUMERIC", (10, 2), "decimal(10,2)"),
+        ("NUMERIC(38,10)", None, "decimal(38,10)"),
+        ("REAL4", None, "float"),
+        ("REAL8", None, "double"),
+        ("STRING", None, "string"),
+        ("WSTRING", None, "string"),
+        ("CLOB", None, "string"),
+        ("NCLOB", None, "string"),
+        ("BLOB", None, "binary"),
+        ("BYTES", None, "binary"),
+        ("BOOLEAN", None, "boolean"),
+        ("DATE", None, "date"),
+        ("TIME", None, "string"),
+        ("DATETIME", None, "timestamp_ntz"),
+    ],
+)
 def test_type_mapping(qtype: str, prec: tuple[int, int] | None, expected: str) -> None:
     p, s = prec or (None, None)
     assert qlik_type(qtype, p, s) == (expected, None)
@@ -343,11 +415,15 @@ def test_unknown_and_too_wide_types_become_string_with_note() -> None:
 def test_values_exact_and_checked() -> None:
     cols = {"id": ("INT8", 1), "n": ("NUMERIC", 0), "f": ("REAL8", 0), "u": ("UINT8", 0), "b": ("BYTES", 0)}
     prec = {"n": (38, 10)}
-    row = {"id": 9007199254740993, "n": "1234567890123456789012345678.0123456789", "f": 0.1,
-           "u": "18446744073709551615", "b": "00ff"}
+    row = {"id": 9007199254740993, "n": "1234567890123456789012345678.0123456789", "f": 0.1, "u": "18446744073709551615", "b": "00ff"}
     ev = only_event(run(meta(cols, precision=prec), data(row)))
-    assert ev.after == {"id": "9007199254740993", "n": "1234567890123456789012345678.0123456789", "f": "0.1",
-                        "u": "18446744073709551615", "b": "AP8="}
+    assert ev.after == {
+        "id": "9007199254740993",
+        "n": "1234567890123456789012345678.0123456789",
+        "f": "0.1",
+        "u": "18446744073709551615",
+        "b": "AP8=",
+    }
     # a NUMERIC written as a JSON number keeps every digit
     text = data({**row, "n": 0}).replace('"n":0', '"n":12345678901234567890.1234567891')
     assert only_event(run(meta(cols, precision=prec), text)).after["n"] == "12345678901234567890.1234567891"
@@ -364,8 +440,12 @@ V2 = {"id": ("INT4", 1), "v": ("STRING", 0), "extra": ("NUMERIC", 0)}
 
 
 def test_table_version_2_adds_a_column() -> None:
-    out = run(meta(V1, 1), data({"id": 1, "v": "a"}, seq=1),
-              meta(V2, 2, precision={"extra": (5, 1)}), data({"id": 2, "v": "b", "extra": "1.5"}, seq=2, columnMask="07"))
+    out = run(
+        meta(V1, 1),
+        data({"id": 1, "v": "a"}, seq=1),
+        meta(V2, 2, precision={"extra": (5, 1)}),
+        data({"id": 2, "v": "b", "extra": "1.5"}, seq=2, columnMask="07"),
+    )
     skipped = [o for o in out if isinstance(o, Skipped)]
     events = [o for o in out if isinstance(o, ChangeEvent)]
     assert [s.reason for s in skipped] == ["table-metadata"] * 2
@@ -384,8 +464,11 @@ def test_subset_of_latest_version_columns() -> None:
 
 
 def test_external_schema_id_selects_version() -> None:
-    out = run(meta(V1, 1, schema_id="s1"), meta(V2, 2, schema_id="s2", precision={"extra": (5, 1)}),
-              data({"id": 1, "v": "a"}, externalSchemaId="s2"))
+    out = run(
+        meta(V1, 1, schema_id="s1"),
+        meta(V2, 2, schema_id="s2", precision={"extra": (5, 1)}),
+        data({"id": 1, "v": "a"}, externalSchemaId="s2"),
+    )
     ev = only_event(out)
     assert len(ev.columns) == 3 and "extra" not in ev.after
     assert "belongs to S.T" in quarantine_reason(meta(V1, 1, schema_id="s1"), data({"id": 1, "v": "a"}, table="U", externalSchemaId="s1"))
@@ -402,8 +485,9 @@ def test_missing_metadata_is_held() -> None:
     out = run(meta(V1), data({"id": 1, "v": "a", "new": 1}))
     assert isinstance(out[1], Held)
     # an unknown externalSchemaId on a message naming no table
-    text = orjson.dumps({"data": {"id": 1}, "beforeData": None, "headers": {
-        "operation": "INSERT", "changeSequence": "1" * 35, "externalSchemaId": "later"}}).decode()
+    text = orjson.dumps(
+        {"data": {"id": 1}, "beforeData": None, "headers": {"operation": "INSERT", "changeSequence": "1" * 35, "externalSchemaId": "later"}}
+    ).decode()
     assert isinstance(run(text)[0], Held)
 
 
@@ -416,7 +500,7 @@ def test_state_persists_across_batches() -> None:
     out2 = list(decode_all(second, [RawMessage("b.jsonl", 1, data({"id": 2, "v": "y"}, seq=2))]))
     assert isinstance(out2[0], ChangeEvent) and out2[0].after == {"id": "2", "v": "y"}
     # a fresh decoder without the state holds the message instead
-    assert isinstance(list(decode_all(QlikDecoder(), [RawMessage("b.jsonl", 1, data({"id": 2, "v": "y"}))]))[0], Held)
+    assert isinstance(next(iter(decode_all(QlikDecoder(), [RawMessage("b.jsonl", 1, data({"id": 2, "v": "y"}))]))), Held)
 
 
 def test_decoder_does_not_mutate_callers_state() -> None:
@@ -443,14 +527,17 @@ def test_same_version_replaced_is_reported() -> None:
 # Quarantines and identifiers
 
 
-@pytest.mark.parametrize("text,reason", [
-    ("not json", "malformed JSON"),
-    ("[1,2]", "not an object"),
-    ('{"foo": 1}', "neither a metadata message"),
-    ('{"magic": "xxMSG", "type": "DT", "message": {}}', "envelope magic"),
-    ('{"magic": "atMSG", "type": "XX", "message": {}}', "envelope type"),
-    ('{"magic": "atMSG", "type": "MD", "message": {"headers": {}}}', "no tableStructure"),
-])
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("not json", "malformed JSON"),
+        ("[1,2]", "not an object"),
+        ('{"foo": 1}', "neither a metadata message"),
+        ('{"magic": "xxMSG", "type": "DT", "message": {}}', "envelope magic"),
+        ('{"magic": "atMSG", "type": "XX", "message": {}}', "envelope type"),
+        ('{"magic": "atMSG", "type": "MD", "message": {"headers": {}}}', "no tableStructure"),
+    ],
+)
 def test_malformed_messages(text: str, reason: str) -> None:
     assert reason in quarantine_reason(text)
 

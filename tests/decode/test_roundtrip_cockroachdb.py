@@ -21,7 +21,7 @@ from tests.formats import write_cockroachdb
 from tests.formats.synthetic import SyntheticChange, example_row
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "50"))
-UTC = dt.timezone.utc
+UTC = dt.UTC
 CTX = DecodeContext(primary_keys={"items": ["id"]})
 TYPES = {  # what the decoder declares, per envelope (None: no column for a JSON null)
     "wrapped": {"id": "bigint", "name": "string", "amount": "decimal(38,2)", "updated_at": "string"},
@@ -116,8 +116,10 @@ def test_roundtrip(envelope: str, changes: list[SyntheticChange]) -> None:
 
 def test_initial_scan_read() -> None:
     ts = dt.datetime(2026, 1, 1, tzinfo=UTC)
-    changes = [SyntheticChange("r", {"id": 1}, example_row(1), None, 5, 1, ts),
-               SyntheticChange("u", {"id": 1}, example_row(1, name="m"), example_row(1), 6, 2, ts)]
+    changes = [
+        SyntheticChange("r", {"id": 1}, example_row(1), None, 5, 1, ts),
+        SyntheticChange("u", {"id": 1}, example_row(1, name="m"), example_row(1), 6, 2, ts),
+    ]
     for envelope in write_cockroachdb.ENVELOPES:
         events = decode(write_cockroachdb.write_messages(changes, envelope))
         check(envelope, changes, events)

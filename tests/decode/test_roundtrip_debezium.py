@@ -21,7 +21,7 @@ from tests.formats import write_debezium_postgres, write_debezium_sqlserver
 from tests.formats.synthetic import COLUMNS, KEY, SyntheticChange
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "50"))
-UTC = dt.timezone.utc
+UTC = dt.UTC
 MISSING = object()
 
 names = st.one_of(st.none(), st.text(max_size=12).filter(lambda s: s != write_debezium_postgres.PLACEHOLDER), st.just(MISSING))
@@ -56,8 +56,7 @@ def change_lists(draw, ops: str) -> list[SyntheticChange]:
             after = draw(rows(key))
         if op in "ud":
             before = draw(st.one_of(st.none(), rows(key))) if op == "d" else draw(rows(key))
-        out.append(SyntheticChange(op=op, key={} if op == "t" else {"id": key}, after=after, before=before,
-                                   seq=seq, tx=tx, commit_ts=ts))
+        out.append(SyntheticChange(op=op, key={} if op == "t" else {"id": key}, after=after, before=before, seq=seq, tx=tx, commit_ts=ts))
     return out
 
 

@@ -26,7 +26,7 @@ from tests.formats import write_qlik
 from tests.formats.synthetic import KEY, SyntheticChange
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "50"))
-UTC = dt.timezone.utc
+UTC = dt.UTC
 MISSING = object()
 QLIK_COLUMNS = {"id": "int", "name": "string", "amount": "decimal(10,2)", "updated_at": "timestamp_ntz"}
 
@@ -109,7 +109,8 @@ def check(changes: list[SyntheticChange], events: list[ChangeEvent], skipped: li
             if ch.op == "u" and ch.before is not None:
                 # the columnMask (from after) also governs beforeData
                 assert ev.before == {k: v for k, v in expected_image(ch.before).items() if k in ch.after} | {
-                    k: None for k in ch.after if k not in ch.before}
+                    k: None for k in ch.after if k not in ch.before
+                }
     positions = [e.position for e in events]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
 

@@ -22,7 +22,7 @@ from tests.formats import write_sqlserver_ces
 from tests.formats.synthetic import COLUMNS, KEY, SyntheticChange, example_row
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "50"))
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 names = st.one_of(st.none(), st.text(max_size=40))
 amounts = st.one_of(st.none(), st.integers(-(10**10) + 1, 10**10 - 1).map(lambda n: Decimal(n).scaleb(-2)))
@@ -52,9 +52,7 @@ def change_lists(draw) -> list[SyntheticChange]:
         key = draw(st.integers(1, 5))
         after = draw(rows(key)) if op in "cu" else None
         before = None
-        if op == "u":
-            before = draw(st.one_of(st.none(), rows(key)))
-        elif op == "d":
+        if op == "u" or op == "d":
             before = draw(st.one_of(st.none(), rows(key)))
         out.append(SyntheticChange(op=op, key={"id": key}, after=after, before=before, seq=seq, tx=tx, commit_ts=ts))
     return out
@@ -106,8 +104,7 @@ def decode_lines(lines: list[str]) -> list[Any]:
     seed=st.integers(0, 2**32),
     redeliver=st.integers(0, 3),
 )
-def test_roundtrip(changes: list[SyntheticChange], split_every: int | None, style: str, seed: int,
-                   redeliver: int) -> None:
+def test_roundtrip(changes: list[SyntheticChange], split_every: int | None, style: str, seed: int, redeliver: int) -> None:
     lines = write_sqlserver_ces.write_messages(changes, split_every=split_every, style=style)
     rnd = random.Random(seed)
     if lines:
@@ -118,8 +115,7 @@ def test_roundtrip(changes: list[SyntheticChange], split_every: int | None, styl
 
 def test_split_actually_splits_and_positions_follow_seq() -> None:
     ts = dt.datetime(2026, 1, 1, tzinfo=UTC)
-    changes = [SyntheticChange("c", {"id": i}, example_row(i), None, seq=10 * i, tx=1 + i // 2, commit_ts=ts)
-               for i in range(1, 5)]
+    changes = [SyntheticChange("c", {"id": i}, example_row(i), None, seq=10 * i, tx=1 + i // 2, commit_ts=ts) for i in range(1, 5)]
     lines = write_sqlserver_ces.write_messages(changes, split_every=100)
     assert len(lines) > len(changes)
     assert {json.loads(line)["splittotalcnt"] for line in lines} - {0}
@@ -130,8 +126,10 @@ def test_split_actually_splits_and_positions_follow_seq() -> None:
 def test_writer_refuses_what_ces_cannot_express() -> None:
     ts = dt.datetime(2026, 1, 1, tzinfo=UTC)
     partial = SyntheticChange("u", {"id": 1}, {"id": 1, "name": "x"}, None, 1, 1, ts)
-    for change in (partial,
-                   SyntheticChange("t", {}, None, None, 1, 1, ts),
-                   SyntheticChange("r", {"id": 1}, example_row(1), None, 1, 1, ts)):
+    for change in (
+        partial,
+        SyntheticChange("t", {}, None, None, 1, 1, ts),
+        SyntheticChange("r", {"id": 1}, example_row(1), None, 1, 1, ts),
+    ):
         with pytest.raises(NotImplementedError):
             write_sqlserver_ces.write_messages([change])

@@ -32,13 +32,26 @@ COLS = [
     {"name": "id", "type": "int", "index": 0},
     {"name": "name", "type": "varchar(100)", "index": 1},
 ]
-TX = {"commitlsn": "0000002C00000300017C", "beginlsn": "0000002C000003000001", "sequencenumber": 1,
-      "committime": "2025-03-14T16:45:20.650Z"}
+TX = {
+    "commitlsn": "0000002C00000300017C",
+    "beginlsn": "0000002C000003000001",
+    "sequencenumber": 1,
+    "committime": "2025-03-14T16:45:20.650Z",
+}
 UNSET = object()
 
 
-def data_text(*, current: Any = UNSET, old: Any = "{}", cols: Any = UNSET, pkkey: Any = UNSET, tx: Any = UNSET,
-              db: Any = "db1", schema: Any = "dbo", tbl: Any = "items") -> str:
+def data_text(
+    *,
+    current: Any = UNSET,
+    old: Any = "{}",
+    cols: Any = UNSET,
+    pkkey: Any = UNSET,
+    tx: Any = UNSET,
+    db: Any = "db1",
+    schema: Any = "dbo",
+    tbl: Any = "items",
+) -> str:
     if current is UNSET:
         current = {"id": "1", "name": "a"}
     source: dict[str, Any] = {"db": db, "schema": schema, "tbl": tbl, "cols": COLS if cols is UNSET else cols}
@@ -49,15 +62,25 @@ def data_text(*, current: Any = UNSET, old: Any = "{}", cols: Any = UNSET, pkkey
     tx = TX if tx is UNSET else tx
     if tx is not None:
         source["transaction"] = tx
-    enc = (lambda v: v if isinstance(v, str) else json.dumps(v))
+
+    def enc(v):
+        return v if isinstance(v, str) else json.dumps(v)
+
     return json.dumps({"eventsource": source, "eventrow": {"old": enc(old), "current": enc(current)}})
 
 
 def message(op: str = "INS", *, data: Any = UNSET, id: str = "e1", logicalid: str = "L1", **kw: Any) -> str:
     env: dict[str, Any] = {
-        "specversion": "1.0", "type": "com.microsoft.SQL.CES.DML.V1", "source": "/", "id": id,
-        "logicalid": logicalid, "time": "2025-03-14T16:45:20.650Z", "datacontenttype": "application/json",
-        "operation": op, "splitindex": 0, "splittotalcnt": 0,
+        "specversion": "1.0",
+        "type": "com.microsoft.SQL.CES.DML.V1",
+        "source": "/",
+        "id": id,
+        "logicalid": logicalid,
+        "time": "2025-03-14T16:45:20.650Z",
+        "datacontenttype": "application/json",
+        "operation": op,
+        "splitindex": 0,
+        "splittotalcnt": 0,
     }
     split_keys = {k: kw.pop(k) for k in list(kw) if k in ("splitindex", "splittotalcnt", "segmentindex", "finalsegment")}
     if "segmentindex" in split_keys or "finalsegment" in split_keys:
@@ -147,7 +170,7 @@ def test_golden_covers_every_spec_example() -> None:
             k = i + 1
             while lines[k] != "}":
                 k += 1
-            examples.append(json.loads("\n".join(lines[i + 1:k + 1])))
+            examples.append(json.loads("\n".join(lines[i + 1 : k + 1])))
     verbatim = [json.loads((CASES / n).read_text()) for n in GOLDEN if ".verbatim." in n]
     assert len(examples) == 3 and examples == verbatim
 
@@ -168,8 +191,10 @@ def test_golden_positions_follow_the_log(kind: str) -> None:
     evs = run([(CASES / f"{f}.{kind}.jsonl").read_text().strip() for f in ("03_delete", "01_insert", "02_update")])
     assert [e.op for e in sorted(evs, key=lambda e: e.position)] == [Op.INSERT, Op.UPDATE, Op.DELETE]
     assert [e.position for e in sorted(evs, key=lambda e: e.position)] == [
-        "0000002c00000300017c|00000000000000000001", "0000002c000003500004|00000000000000000001",
-        "0000002c000003600019|00000000000000000001"]
+        "0000002c00000300017c|00000000000000000001",
+        "0000002c000003500004|00000000000000000001",
+        "0000002c000003600019|00000000000000000001",
+    ]
 
 
 # --------------------------------------------------------------------------
@@ -179,16 +204,40 @@ def test_golden_positions_follow_the_log(kind: str) -> None:
 @pytest.mark.parametrize(
     "sql,expected",
     [
-        ("int", "int"), ("bigint", "bigint"), ("smallint", "smallint"), ("tinyint", "smallint"),
-        ("bit", "boolean"), ("decimal(10,2)", "decimal(10,2)"), ("NUMERIC(18, 4)", "decimal(18,4)"),
-        ("decimal", "decimal(18,0)"), ("numeric(7)", "decimal(7,0)"), ("money", "decimal(19,4)"),
-        ("smallmoney", "decimal(10,4)"), ("float", "double"), ("float(53)", "double"), ("float(24)", "float"),
-        ("real", "float"), ("varchar(100)", "string"), ("nvarchar(max)", "string"), ("char(3)", "string"),
-        ("nchar(2)", "string"), ("text", "string"), ("ntext", "string"), ("date", "date"),
-        ("datetime", "timestamp_ntz"), ("datetime2(7)", "timestamp_ntz"), ("smalldatetime", "timestamp_ntz"),
-        ("datetimeoffset(7)", "timestamp"), ("time(7)", "string"), ("uniqueidentifier", "string"),
-        ("binary(4)", "binary"), ("varbinary(max)", "binary"), ("image", "binary"), ("rowversion", "binary"),
-        ("xml", "string"), ("json", "string"),
+        ("int", "int"),
+        ("bigint", "bigint"),
+        ("smallint", "smallint"),
+        ("tinyint", "smallint"),
+        ("bit", "boolean"),
+        ("decimal(10,2)", "decimal(10,2)"),
+        ("NUMERIC(18, 4)", "decimal(18,4)"),
+        ("decimal", "decimal(18,0)"),
+        ("numeric(7)", "decimal(7,0)"),
+        ("money", "decimal(19,4)"),
+        ("smallmoney", "decimal(10,4)"),
+        ("float", "double"),
+        ("float(53)", "double"),
+        ("float(24)", "float"),
+        ("real", "float"),
+        ("varchar(100)", "string"),
+        ("nvarchar(max)", "string"),
+        ("char(3)", "string"),
+        ("nchar(2)", "string"),
+        ("text", "string"),
+        ("ntext", "string"),
+        ("date", "date"),
+        ("datetime", "timestamp_ntz"),
+        ("datetime2(7)", "timestamp_ntz"),
+        ("smalldatetime", "timestamp_ntz"),
+        ("datetimeoffset(7)", "timestamp"),
+        ("time(7)", "string"),
+        ("uniqueidentifier", "string"),
+        ("binary(4)", "binary"),
+        ("varbinary(max)", "binary"),
+        ("image", "binary"),
+        ("rowversion", "binary"),
+        ("xml", "string"),
+        ("json", "string"),
     ],
 )
 def test_spark_type(sql: str, expected: str) -> None:
@@ -252,11 +301,22 @@ def test_cast(sql: str, value: Any, expected: str | None) -> None:
 @pytest.mark.parametrize(
     "sql,value",
     [
-        ("int", "2147483648"), ("int", "1.5"), ("tinyint", "x"), ("smallint", "40000"), ("bit", "maybe"),
-        ("decimal(10,2)", "1.234"), ("decimal(4,2)", "123.45"), ("money", "1.00001"), ("float", "abc"),
-        ("date", "2025-02-30"), ("date", "2025-03-14 10:00"), ("datetime", "yesterday"),
-        ("datetime2", "2025-03-14 16:45:01 +01:00"), ("datetimeoffset", "2025-03-14 16:45:01"),
-        ("varbinary(10)", "not base64!"), ("binary(1)", "0xABC"),
+        ("int", "2147483648"),
+        ("int", "1.5"),
+        ("tinyint", "x"),
+        ("smallint", "40000"),
+        ("bit", "maybe"),
+        ("decimal(10,2)", "1.234"),
+        ("decimal(4,2)", "123.45"),
+        ("money", "1.00001"),
+        ("float", "abc"),
+        ("date", "2025-02-30"),
+        ("date", "2025-03-14 10:00"),
+        ("datetime", "yesterday"),
+        ("datetime2", "2025-03-14 16:45:01 +01:00"),
+        ("datetimeoffset", "2025-03-14 16:45:01"),
+        ("varbinary(10)", "not base64!"),
+        ("binary(1)", "0xABC"),
     ],
 )
 def test_cast_rejects(sql: str, value: Any) -> None:
@@ -355,8 +415,16 @@ def test_transaction_is_preferred_and_a_disagreeing_logicalid_is_noted() -> None
     assert one_event(message(logicalid="L1")).notes == []
 
 
-@pytest.mark.parametrize("logicalid", ["L1", "g:0000002C00000300017C", "g:0000002C0000030001:00000000000000000001",
-                                       "g:0000002C00000300017C:1", "g:0000002C00000300017G:00000000000000000001"])
+@pytest.mark.parametrize(
+    "logicalid",
+    [
+        "L1",
+        "g:0000002C00000300017C",
+        "g:0000002C0000030001:00000000000000000001",
+        "g:0000002C00000300017C:1",
+        "g:0000002C00000300017G:00000000000000000001",
+    ],
+)
 def test_no_transaction_and_no_logicalid_position_quarantines(logicalid: str) -> None:
     reason = quarantined(message(tx=None, logicalid=logicalid))
     assert "eventsource.transaction missing" in reason and "logicalid" in reason
@@ -365,10 +433,12 @@ def test_no_transaction_and_no_logicalid_position_quarantines(logicalid: str) ->
 def test_sequencenumber_breaks_ties_within_one_commit() -> None:
     """Two changes of one key in one transaction share the commit LSN: the
     sequence number orders them (from transaction or from logicalid)."""
+
     def upd(seq: int, name: str, tx: bool) -> ChangeEvent:
         t = {**TX, "sequencenumber": seq} if tx else None
-        return one_event(message("UPD", id=f"e{seq}", tx=t, current={"id": "1", "name": name},
-                                 logicalid=f"g:0000002C00000300017C:{seq:020d}"))
+        return one_event(
+            message("UPD", id=f"e{seq}", tx=t, current={"id": "1", "name": name}, logicalid=f"g:0000002C00000300017C:{seq:020d}")
+        )
 
     for tx in (True, False):
         later, earlier = upd(10, "second", tx), upd(9, "first", tx)
@@ -377,8 +447,9 @@ def test_sequencenumber_breaks_ties_within_one_commit() -> None:
 
 
 def test_change_id_pairs_the_halves_of_a_key_change_only() -> None:
-    halves = decode(message("UPD", id="k1", current={"id": "2", "name": "a"}, old={"id": "1", "name": "a"},
-                            pkkey=[{"columnname": "id", "value": "2"}]))
+    halves = decode(
+        message("UPD", id="k1", current={"id": "2", "name": "a"}, old={"id": "1", "name": "a"}, pkkey=[{"columnname": "id", "value": "2"}])
+    )
     assert [e.op for e in halves] == [Op.DELETE, Op.INSERT]
     assert halves[0].change_id == halves[1].change_id == "k1"
     plain = [one_event(message("UPD", id=f"u{i}", current={"id": "1", "name": str(i)})) for i in range(2)]
@@ -418,10 +489,11 @@ def test_delete_without_old_image_takes_key_from_pkkey() -> None:
 
 
 def test_primary_key_update_with_old_image_is_delete_plus_insert() -> None:
-    out = decode(message("UPD", current={"id": "2", "name": "a"}, old={"id": "1", "name": "a"},
-                         pkkey=[{"columnname": "id", "value": "2"}]))
+    out = decode(message("UPD", current={"id": "2", "name": "a"}, old={"id": "1", "name": "a"}, pkkey=[{"columnname": "id", "value": "2"}]))
     assert [(e.op, e.before, e.after) for e in out] == [
-        (Op.DELETE, {"id": "1", "name": "a"}, {}), (Op.INSERT, None, {"id": "2", "name": "a"})]
+        (Op.DELETE, {"id": "1", "name": "a"}, {}),
+        (Op.INSERT, None, {"id": "2", "name": "a"}),
+    ]
     assert out[0].position == out[1].position
 
 
@@ -440,8 +512,13 @@ def test_configured_key_when_pkkey_is_absent() -> None:
 
 def test_composite_key() -> None:
     cols = COLS + [{"name": "k2", "type": "date", "index": 2}]
-    ev = one_event(message(cols=cols, current={"id": "1", "name": "a", "k2": "2025-01-02"},
-                           pkkey=[{"columnname": "id", "value": "1"}, {"columnname": "k2", "value": "2025-01-02"}]))
+    ev = one_event(
+        message(
+            cols=cols,
+            current={"id": "1", "name": "a", "k2": "2025-01-02"},
+            pkkey=[{"columnname": "id", "value": "1"}, {"columnname": "k2", "value": "2025-01-02"}],
+        )
+    )
     assert ev.key_columns == ["id", "k2"]
 
 
@@ -520,7 +597,7 @@ def segments(text: str, n: int, *, style: str = "split", base: int = 0, id_prefi
             seg.update(splitindex=i + base, splittotalcnt=n)
         else:
             seg.update(segmentindex=i, finalsegment=i == n - 1)
-        seg["data"] = data[i * size:(i + 1) * size]
+        seg["data"] = data[i * size : (i + 1) * size]
         out.append(json.dumps(seg))
     return out
 
@@ -567,8 +644,11 @@ def test_split_duplicates() -> None:
     same_data_new_id = json.dumps({**json.loads(segs[1]), "id": "again"})
     out = run([segs[0], segs[1], segs[1], same_data_new_id])
     assert [(type(o).__name__, getattr(o, "reason", None)) for o in out] == [
-        ("ChangeEvent", None), ("Skipped", "split-segment"), ("Skipped", "duplicate-id"),
-        ("Skipped", "duplicate-segment")]
+        ("ChangeEvent", None),
+        ("Skipped", "split-segment"),
+        ("Skipped", "duplicate-id"),
+        ("Skipped", "duplicate-segment"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -597,8 +677,9 @@ def test_segment_style_final_inconsistencies_quarantine() -> None:
 
 def test_groups_are_per_logicalid() -> None:
     a = segments(BIG, 2, id_prefix="a")
-    b = segments(message(logicalid="L2", current={"id": "2", "name": "y" * 200},
-                         pkkey=[{"columnname": "id", "value": "2"}]), 2, id_prefix="b")
+    b = segments(
+        message(logicalid="L2", current={"id": "2", "name": "y" * 200}, pkkey=[{"columnname": "id", "value": "2"}]), 2, id_prefix="b"
+    )
     out = run([a[1], b[0], b[1], a[0]])
     assert sorted(e.after["id"] for e in out if isinstance(e, ChangeEvent)) == ["1", "2"]
 
@@ -611,25 +692,21 @@ def test_decode_message_is_stateless_and_dedupe_ids_skips_repeats() -> None:
     text = message()
     dec = SqlServerCesDecoder()
     assert len(dec.decode(RawMessage("f", 1, text))) == len(dec.decode(RawMessage("f", 2, text))) == 1
-    raw = list(decode_all(dec, [RawMessage("f", 1, text), RawMessage("f", 2, message(id="e2")),
-                                RawMessage("g", 1, text)]))
+    raw = list(decode_all(dec, [RawMessage("f", 1, text), RawMessage("f", 2, message(id="e2")), RawMessage("g", 1, text)]))
     out = dedupe_ids(raw)
-    assert [(type(o).__name__, o.file, o.line) for o in out] == [
-        ("ChangeEvent", "f", 1), ("ChangeEvent", "f", 2), ("Skipped", "g", 1)]
+    assert [(type(o).__name__, o.file, o.line) for o in out] == [("ChangeEvent", "f", 1), ("ChangeEvent", "f", 2), ("Skipped", "g", 1)]
     assert out[2].reason == "duplicate-id" and out[2].detail == "e1" and out[2].position == raw[0].position
 
 
 def test_dedupe_keeps_both_events_of_one_message() -> None:
-    pk_change = message("UPD", current={"id": "2", "name": "a"}, old={"id": "1", "name": "a"},
-                        pkkey=[{"columnname": "id", "value": "2"}])
+    pk_change = message("UPD", current={"id": "2", "name": "a"}, old={"id": "1", "name": "a"}, pkkey=[{"columnname": "id", "value": "2"}])
     out = run([pk_change, pk_change])
     assert [(type(o).__name__, o.line) for o in out] == [("ChangeEvent", 1), ("ChangeEvent", 1), ("Skipped", 2)]
 
 
 def test_primary_key_update_pkkey_may_name_either_key_but_not_a_third() -> None:
     def pk_change(pk: str) -> str:
-        return message("UPD", current={"id": "2", "name": "a"}, old={"id": "1", "name": "a"},
-                       pkkey=[{"columnname": "id", "value": pk}])
+        return message("UPD", current={"id": "2", "name": "a"}, old={"id": "1", "name": "a"}, pkkey=[{"columnname": "id", "value": pk}])
 
     assert [e.op for e in decode(pk_change("1"))] == [Op.DELETE, Op.INSERT]
     assert "matches neither" in quarantined(pk_change("3"))
@@ -652,8 +729,7 @@ def test_resent_segment_of_an_applied_split_message_is_a_duplicate(style: str) -
     state = json.loads(json.dumps(first.export_state()))  # persisted as JSON in the ledger
     second = SqlServerCesDecoder(DecodeContext(state=state))
     out2 = list(decode_all(second, [RawMessage("b", 1, segs[1]), RawMessage("b", 2, message(id="new"))]))
-    assert [(type(o).__name__, getattr(o, "reason", None)) for o in out2] == [
-        ("Skipped", "duplicate-segment"), ("ChangeEvent", None)]
+    assert [(type(o).__name__, getattr(o, "reason", None)) for o in out2] == [("Skipped", "duplicate-segment"), ("ChangeEvent", None)]
     # the memory is carried on: a third batch still knows the message
     third = SqlServerCesDecoder(DecodeContext(state=json.loads(json.dumps(second.export_state()))))
     [again] = list(decode_all(third, [RawMessage("c", 1, segs[0])]))

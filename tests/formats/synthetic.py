@@ -50,5 +50,5 @@ def example_row(i: int, *, name: str | None = "n", amount: str | None = "1.50") 
         "id": i,
         "name": None if name is None else f"{name}{i}",
         "amount": None if amount is None else Decimal(amount),
-        "updated_at": dt.datetime(2026, 1, 1, 12, 0, i % 60, 123456, tzinfo=dt.timezone.utc),
+        "updated_at": dt.datetime(2026, 1, 1, 12, 0, i % 60, 123456, tzinfo=dt.UTC),
     }

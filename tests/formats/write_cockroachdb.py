@@ -88,7 +88,7 @@ def _wall_ns(ts: dt.datetime) -> int:
 
 def _ts_text(value: dt.datetime) -> str:
     """RFC 3339 as CockroachDB renders a TIMESTAMPTZ: UTC, trailing zeros trimmed."""
-    d = value.astimezone(dt.timezone.utc)
+    d = value.astimezone(dt.UTC)
     frac = f"{d.microsecond:06d}".rstrip("0")
     return f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}" + (f".{frac}" if frac else "") + "Z"
 
@@ -160,11 +160,16 @@ def write_messages(changes: list[SyntheticChange], envelope: str = "wrapped") ->
             msg = {"after": after, "before": before, "key": key, "topic": TABLE, "updated": updated, "mvcc_timestamp": mvcc}
         else:
             source = {
-                "mvcc_timestamp": mvcc, "ts_ns": wall, "ts_hlc": mvcc, "table_name": TABLE, "origin": "cockroachdb",
-                "schema_name": SCHEMA, "database_name": DATABASE, "primary_keys": list(KEY),
+                "mvcc_timestamp": mvcc,
+                "ts_ns": wall,
+                "ts_hlc": mvcc,
+                "table_name": TABLE,
+                "origin": "cockroachdb",
+                "schema_name": SCHEMA,
+                "database_name": DATABASE,
+                "primary_keys": list(KEY),
             }
-            payload = {"after": after, "before": before, "op": ch.op, "source": source,
-                       "ts_ns": PROCESSING_BASE_NS - i}
+            payload = {"after": after, "before": before, "op": ch.op, "source": source, "ts_ns": PROCESSING_BASE_NS - i}
             value = _dumps({"payload": payload, "schema": ENRICHED_SCHEMA})
             # archived Kafka record: the key {"id": ...} travels as the message key
             lines.append(json.dumps({"key": json.dumps(dict(zip(KEY, key))), "topic": TABLE, "value": value}))

@@ -31,8 +31,14 @@ PREFIX = "pg"
 ROW_FIELDS = [
     {"type": "int32", "optional": False, "field": "id"},
     {"type": "string", "optional": True, "field": "name"},
-    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
-     "parameters": {"scale": "2", "connect.decimal.precision": "10"}, "field": "amount"},
+    {
+        "type": "bytes",
+        "optional": True,
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "version": 1,
+        "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+        "field": "amount",
+    },
     {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1, "field": "updated_at"},
 ]
 KEY_SCHEMA = {"type": "struct", "fields": [ROW_FIELDS[0]], "optional": False, "name": f"{PREFIX}.{SCHEMA}.{TABLE}.Key"}
@@ -44,8 +50,15 @@ def _source_schema(name: str, extra: list[dict[str, Any]]) -> dict[str, Any]:
         {"type": "string", "optional": False, "field": "connector"},
         {"type": "string", "optional": False, "field": "name"},
         {"type": "int64", "optional": False, "field": "ts_ms"},
-        {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
-         "parameters": {"allowed": "true,last,false,incremental"}, "default": "false", "field": "snapshot"},
+        {
+            "type": "string",
+            "optional": True,
+            "name": "io.debezium.data.Enum",
+            "version": 1,
+            "parameters": {"allowed": "true,last,false,incremental"},
+            "default": "false",
+            "field": "snapshot",
+        },
         {"type": "string", "optional": False, "field": "db"},
         {"type": "int64", "optional": True, "field": "ts_us"},
         {"type": "int64", "optional": True, "field": "ts_ns"},
@@ -65,10 +78,18 @@ def envelope_schema(source: dict[str, Any], value_name: str, envelope_name: str)
             source,
             {"type": "string", "optional": False, "field": "op"},
             {"type": "int64", "optional": True, "field": "ts_ms"},
-            {"type": "struct", "optional": True, "name": "event.block", "version": 1, "field": "transaction",
-             "fields": [{"type": "string", "optional": False, "field": "id"},
-                        {"type": "int64", "optional": False, "field": "total_order"},
-                        {"type": "int64", "optional": False, "field": "data_collection_order"}]},
+            {
+                "type": "struct",
+                "optional": True,
+                "name": "event.block",
+                "version": 1,
+                "field": "transaction",
+                "fields": [
+                    {"type": "string", "optional": False, "field": "id"},
+                    {"type": "int64", "optional": False, "field": "total_order"},
+                    {"type": "int64", "optional": False, "field": "data_collection_order"},
+                ],
+            },
         ],
         "optional": False,
         "name": envelope_name,
@@ -77,12 +98,15 @@ def envelope_schema(source: dict[str, Any], value_name: str, envelope_name: str)
 
 
 VALUE_SCHEMA = envelope_schema(
-    _source_schema("io.debezium.connector.postgresql.Source", [
-        {"type": "string", "optional": True, "field": "sequence"},
-        {"type": "int64", "optional": True, "field": "txId"},
-        {"type": "int64", "optional": True, "field": "lsn"},
-        {"type": "int64", "optional": True, "field": "xmin"},
-    ]),
+    _source_schema(
+        "io.debezium.connector.postgresql.Source",
+        [
+            {"type": "string", "optional": True, "field": "sequence"},
+            {"type": "int64", "optional": True, "field": "txId"},
+            {"type": "int64", "optional": True, "field": "lsn"},
+            {"type": "int64", "optional": True, "field": "xmin"},
+        ],
+    ),
     f"{PREFIX}.{SCHEMA}.{TABLE}.Value",
     f"{PREFIX}.{SCHEMA}.{TABLE}.Envelope",
 )
@@ -102,7 +126,7 @@ def decimal_b64(value: Decimal, scale: int = 2) -> str:
 def zoned(value: dt.datetime, utc_suffix: str = "Z") -> str:
     if value.tzinfo is None:
         raise ValueError("updated_at must be an aware datetime")
-    return value.astimezone(dt.timezone.utc).replace(tzinfo=None).isoformat(timespec="microseconds") + utc_suffix
+    return value.astimezone(dt.UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + utc_suffix
 
 
 def render_row(row: dict[str, Any] | None, key: dict[str, Any], *, partial: str, utc_suffix: str = "Z") -> dict[str, Any] | None:
@@ -139,7 +163,7 @@ def render_row(row: dict[str, Any] | None, key: dict[str, Any], *, partial: str,
 
 
 def commit_times(ts: dt.datetime) -> dict[str, int]:
-    delta = ts - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    delta = ts - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
     us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
     return {"ts_ms": us // 1000, "ts_us": us, "ts_ns": us * 1000}
 
@@ -180,8 +204,14 @@ def write_messages(changes: list[SyntheticChange]) -> list[str]:
             "lsn": lsn,
             "xmin": None,
         }
-        payload: dict[str, Any] = {"before": None, "after": None, "source": source, "op": ch.op,
-                                   "ts_ms": source["ts_ms"] + 5, "transaction": None}
+        payload: dict[str, Any] = {
+            "before": None,
+            "after": None,
+            "source": source,
+            "op": ch.op,
+            "ts_ms": source["ts_ms"] + 5,
+            "transaction": None,
+        }
         key = None
         if ch.op in ("c", "u", "r"):
             payload["after"] = render_row(ch.after, ch.key, partial="placeholder")

@@ -17,6 +17,7 @@ followed by its Kafka tombstone.  SQL Server's connector has no truncate:
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from tests.formats.synthetic import DATABASE, SyntheticChange
@@ -27,11 +28,14 @@ TABLE = "items"
 PREFIX = "server1"
 KEY_SCHEMA = {"type": "struct", "fields": [ROW_FIELDS[0]], "optional": False, "name": f"{PREFIX}.{DATABASE}.{SCHEMA}.{TABLE}.Key"}
 VALUE_SCHEMA = envelope_schema(
-    _source_schema("io.debezium.connector.sqlserver.Source", [
-        {"type": "string", "optional": True, "field": "change_lsn"},
-        {"type": "string", "optional": True, "field": "commit_lsn"},
-        {"type": "int64", "optional": True, "field": "event_serial_no"},
-    ]),
+    _source_schema(
+        "io.debezium.connector.sqlserver.Source",
+        [
+            {"type": "string", "optional": True, "field": "change_lsn"},
+            {"type": "string", "optional": True, "field": "commit_lsn"},
+            {"type": "int64", "optional": True, "field": "event_serial_no"},
+        ],
+    ),
     f"{PREFIX}.{DATABASE}.{SCHEMA}.{TABLE}.Value",
     f"{PREFIX}.{DATABASE}.{SCHEMA}.{TABLE}.Envelope",
 )
@@ -45,7 +49,7 @@ def lsn_of(seq: int) -> str:
 
 def _commit_seqs(changes: list[SyntheticChange]) -> list[int]:
     """For each change, the seq of the last change of its transaction run."""
-    if any(b.seq <= a.seq for a, b in zip(changes, changes[1:])):
+    if any(b.seq <= a.seq for a, b in itertools.pairwise(changes)):
         raise ValueError("changes must be in increasing seq order")
     out = [0] * len(changes)
     i = 0
@@ -77,15 +81,22 @@ def write_messages(changes: list[SyntheticChange]) -> list[str]:
             "commit_lsn": lsn_of(commit_seq),
             "event_serial_no": 2 if ch.op == "u" else 1,
         }
-        payload: dict[str, Any] = {"before": None, "after": None, "source": source, "op": ch.op,
-                                   "ts_ms": source["ts_ms"] + 5, "transaction": None}
+        payload: dict[str, Any] = {
+            "before": None,
+            "after": None,
+            "source": source,
+            "op": ch.op,
+            "ts_ms": source["ts_ms"] + 5,
+            "transaction": None,
+        }
         if ch.op in ("c", "u", "r"):
             payload["after"] = render_row(ch.after, ch.key, partial="placeholder", utc_suffix="+00:00")
             if ch.op == "u":
                 payload["before"] = render_row(ch.before, ch.key, partial="null", utc_suffix="+00:00")
         elif ch.op == "d":
-            payload["before"] = render_row(ch.before if ch.before is not None else dict(ch.key), ch.key,
-                                           partial="null", utc_suffix="+00:00")
+            payload["before"] = render_row(
+                ch.before if ch.before is not None else dict(ch.key), ch.key, partial="null", utc_suffix="+00:00"
+            )
         else:
             raise ValueError(f"unknown synthetic op {ch.op!r}")
         key = {"schema": KEY_SCHEMA, "payload": {"id": ch.key["id"]}}

@@ -39,7 +39,6 @@ NAMES = [c[0] for c in COLUMNS]
 OPERATIONS = {"c": "INSERT", "u": "UPDATE", "d": "DELETE", "r": "REFRESH"}
 
 
-
 def data_schema() -> str:
     """The dataSchema field: an Avro record schema text for the data messages."""
     fields = [
@@ -53,14 +52,19 @@ def data_schema() -> str:
 
 def metadata_message(version: int = 1, timestamp: str = "2026-01-01T00:00:00.000") -> str:
     cols = {
-        name: {"ordinal": i, "type": qtype, "length": length, "precision": precision, "scale": scale,
-               "primaryKeyPosition": pk}
+        name: {"ordinal": i, "type": qtype, "length": length, "precision": precision, "scale": scale, "primaryKeyPosition": pk}
         for i, (name, qtype, length, precision, scale, pk) in enumerate(COLUMNS, 1)
     }
     msg = {
         "schemaId": SCHEMA_ID,
-        "lineage": {"server": "qlik-srv-01", "task": "shop-to-eventhubs", "schema": SCHEMA, "table": TABLE,
-                    "tableVersion": version, "timestamp": timestamp},
+        "lineage": {
+            "server": "qlik-srv-01",
+            "task": "shop-to-eventhubs",
+            "schema": SCHEMA,
+            "table": TABLE,
+            "tableVersion": version,
+            "timestamp": timestamp,
+        },
         "tableStructure": {"tableColumns": cols},
         "dataSchema": data_schema(),
     }
@@ -85,7 +89,7 @@ def value(col: str, v: Any) -> Any:
     if col == "updated_at":
         if v.tzinfo is None:
             raise ValueError("updated_at must be an aware datetime")
-        return v.astimezone(dt.timezone.utc).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+        return v.astimezone(dt.UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
     return v
 
 
@@ -101,7 +105,7 @@ def render_row(row: dict[str, Any] | None, key: dict[str, Any]) -> tuple[dict[st
 
 
 def sequence_prefix(ts: dt.datetime) -> str:
-    u = ts.astimezone(dt.timezone.utc)
+    u = ts.astimezone(dt.UTC)
     return u.strftime("%Y%m%d%H%M%S") + f"{u.microsecond // 10000:02d}"
 
 
@@ -122,9 +126,17 @@ def write_messages(changes: list[SyntheticChange]) -> list[str]:
         if ch.op == "r":
             refresh_rows += 1
             data, present = render_row(ch.after, ch.key)
-            headers = {"operation": "REFRESH", "changeSequence": "", "timestamp": "", "streamPosition": "",
-                       "transactionId": "", "changeMask": mask(present), "columnMask": mask(present),
-                       "transactionEventCounter": refresh_rows, "transactionLastEvent": False}
+            headers = {
+                "operation": "REFRESH",
+                "changeSequence": "",
+                "timestamp": "",
+                "streamPosition": "",
+                "transactionId": "",
+                "changeMask": mask(present),
+                "columnMask": mask(present),
+                "transactionEventCounter": refresh_rows,
+                "transactionLastEvent": False,
+            }
             lines.append(_data_message(data, None, headers))
             continue
         prefix = max(prefix, sequence_prefix(ch.commit_ts))
@@ -143,7 +155,7 @@ def write_messages(changes: list[SyntheticChange]) -> list[str]:
         headers = {
             "operation": OPERATIONS[ch.op],
             "changeSequence": prefix + f"{ch.seq:019d}",
-            "timestamp": ch.commit_ts.astimezone(dt.timezone.utc).replace(tzinfo=None).isoformat(timespec="microseconds"),
+            "timestamp": ch.commit_ts.astimezone(dt.UTC).replace(tzinfo=None).isoformat(timespec="microseconds"),
             "streamPosition": f"{ch.seq:016X}.{counter:08X}",
             "transactionId": f"{ch.tx:032x}",
             "changeMask": change_mask,

@@ -44,7 +44,7 @@ def sql_text(column: str, value: Any) -> str | None:
     if column == "amount":
         return f"{Decimal(value):f}"
     if column == "updated_at":
-        utc = value.astimezone(dt.timezone.utc)
+        utc = value.astimezone(dt.UTC)
         # datetimeoffset(7) text; isoformat keeps 4-digit years (strftime may not)
         return utc.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds") + "0 +00:00"
     return str(value)
@@ -86,8 +86,7 @@ def _render_one(ch: SyntheticChange, commit_lsn: str) -> tuple[dict[str, Any], s
                 "commitlsn": commit_lsn,
                 "beginlsn": commit_lsn,
                 "sequencenumber": ch.seq,
-                "committime": ch.commit_ts.astimezone(dt.timezone.utc).replace(tzinfo=None).isoformat(
-                    timespec="microseconds") + "Z",
+                "committime": ch.commit_ts.astimezone(dt.UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z",
             },
         },
         "eventrow": {"old": old, "current": current},
@@ -105,8 +104,7 @@ def _render_one(ch: SyntheticChange, commit_lsn: str) -> tuple[dict[str, Any], s
     return env, json.dumps(data, indent=2)
 
 
-def write_messages(changes: list[SyntheticChange], split_every: int | None = None,
-                   style: str = "splitindex") -> list[str]:
+def write_messages(changes: list[SyntheticChange], split_every: int | None = None, style: str = "splitindex") -> list[str]:
     """One JSON line per CloudEvent (a split change yields several, in index order)."""
     if style not in ("splitindex", "segmentindex"):
         raise ValueError(f"unknown split style {style!r}")
@@ -117,7 +115,7 @@ def write_messages(changes: list[SyntheticChange], split_every: int | None = Non
         if split_every is None or len(data) <= split_every:
             parts = [data]
         else:
-            parts = [data[i:i + split_every] for i in range(0, len(data), split_every)]
+            parts = [data[i : i + split_every] for i in range(0, len(data), split_every)]
         for i, part in enumerate(parts):
             seg = dict(env)
             if len(parts) > 1:

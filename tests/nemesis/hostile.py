@@ -101,8 +101,25 @@ def _structured(line: str, rnd: random.Random, how: str) -> bytes:
 def mutate(line: str, rnd: random.Random, big: bool = False) -> tuple[str, bytes]:
     """One mutation of ``line``: (its name, the bytes of the mutated line, without newline)."""
     raw = line.encode()
-    how = rnd.choice(["truncate", "flip", "utf8", "nul", "numbers", "dates", "missing", "wrong-type", "unknown-op", "out-of-range",
-                      "nesting", "crlf", "bom", "backslash"] + (["huge"] if big else []))
+    how = rnd.choice(
+        [
+            "truncate",
+            "flip",
+            "utf8",
+            "nul",
+            "numbers",
+            "dates",
+            "missing",
+            "wrong-type",
+            "unknown-op",
+            "out-of-range",
+            "nesting",
+            "crlf",
+            "bom",
+            "backslash",
+        ]
+        + (["huge"] if big else [])
+    )
     if how == "truncate":
         return how, raw[: rnd.randrange(0, max(1, len(raw)))]
     if how == "flip":
@@ -118,7 +135,9 @@ def mutate(line: str, rnd: random.Random, big: bool = False) -> tuple[str, bytes
         i = rnd.randrange(len(raw))
         return how, raw[:i] + b"\x00" + raw[i:]
     if how == "numbers":
-        return how, re.sub(rb"\d+", lambda m: rnd.choice([b"9" * 40, b"-" + m.group(0), b"1e400", m.group(0)]), raw, count=rnd.randint(1, 5))
+        return how, re.sub(
+            rb"\d+", lambda m: rnd.choice([b"9" * 40, b"-" + m.group(0), b"1e400", m.group(0)]), raw, count=rnd.randint(1, 5)
+        )
     if how == "dates":
         return how, re.sub(rb"2026-0\d-0\d", lambda m: rnd.choice([b"2026-13-45", b"99999-01-01", b"0000-00-00", b"-0001-01-01"]), raw)
     if how == "nesting":
@@ -172,7 +191,9 @@ def _account(result, trial: Trial, expected_read: int | None) -> None:
         trial.problems.append(f"{expected_read} lines written, {m.get('read')} read: {m}")
     in_tables = sum((t.counts or {}).get(k, 0) for t in result.tables if t.status != "refused" for k in EVENT_COUNTS)
     if result.status == "complete" and in_tables != m.get("event", 0):
-        trial.problems.append(f"{m.get('event')} events, the tables account for {in_tables}: {[(t.table, t.status, t.counts) for t in result.tables]}")
+        trial.problems.append(
+            f"{m.get('event')} events, the tables account for {in_tables}: {[(t.table, t.status, t.counts) for t in result.tables]}"
+        )
 
 
 def format_trial(spark, work: Path, fmt: str, seed: int, mutations: int, big: bool = False) -> Trial:
@@ -190,7 +211,7 @@ def format_trial(spark, work: Path, fmt: str, seed: int, mutations: int, big: bo
         how, raw = mutate(rnd.choice(mutts[1:] if head else mutts), rnd, big=big and i == 0)
         kinds[how] = kinds.get(how, 0) + 1
         lines.append(raw)
-    body = lines[len(head):]
+    body = lines[len(head) :]
     rnd.shuffle(body)
     lines = [g.encode() for g in head] + ([mutts[0].encode()] if head else []) + body
     root = work / tag / "2026/03/01/12"
@@ -201,7 +222,7 @@ def format_trial(spark, work: Path, fmt: str, seed: int, mutations: int, big: bo
     files[1].write_bytes(gzip.compress(b"\n".join(lines[cut:]) + b"\n"))
     files[2].write_bytes(b"")
     files[3].write_bytes(b"")
-    crlf = [g.encode() for g in head] + [g.encode() for g in good[len(head):][:5]]
+    crlf = [g.encode() for g in head] + [g.encode() for g in good[len(head) :][:5]]
     files[4].write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(crlf) + b"\r\n")
     written = len(lines) + len(crlf)
     trial.figures["mutated"] = mutations
@@ -224,8 +245,10 @@ def format_trial(spark, work: Path, fmt: str, seed: int, mutations: int, big: bo
     settings, _ = _run(spark, tag + "c", [clean / "a.jsonl"], work / f"{tag}c.yaml", fmt)
     want, got = _live(spark, settings, tag + "c", "items"), _live(spark, settings, tag, "items")
     if want != got:
-        trial.problems.append(f"the good table differs from the good lines applied alone: {len(want)} vs {len(got)} rows; "
-                              f"first difference {sorted(set(want) ^ set(got))[:2]}")
+        trial.problems.append(
+            f"the good table differs from the good lines applied alone: {len(want)} vs {len(got)} rows; "
+            f"first difference {sorted(set(want) ^ set(got))[:2]}"
+        )
     _damaged_gzip(spark, work, tag, fmt, good, trial)
     trial.notes.append(", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
     trial.seconds = time.time() - t0
@@ -234,7 +257,7 @@ def format_trial(spark, work: Path, fmt: str, seed: int, mutations: int, big: bo
 
 def crlf_text(head: list[str], good: list[str]) -> list[str]:
     """The CRLF file's lines again (duplicates of good lines: they change nothing)."""
-    return good[len(head):][:5]
+    return good[len(head) :][:5]
 
 
 def _damaged_gzip(spark, work: Path, tag: str, fmt: str, good: list[str], trial: Trial) -> None:

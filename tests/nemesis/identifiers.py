@@ -22,8 +22,30 @@ from tests.formats.synthetic import SyntheticChange, example_row
 from tests.nemesis.trial import Trial
 
 HOSTILE = [
-    "a'b", 'a"b', "a`b", "x;y", "a.b", "a b", "ключ", "表", "x" * 300, "x; DROP TABLE {victim}", "items` ; DROP TABLE {victim}; --",
-    "'); DROP TABLE {victim}; --", "a\\b", "a\nb", "a\x00b", "", " ", "${jndi:x}", "a--b", "a/*b*/", "CON", "a\u202eb", "a,b", "a=b",
+    "a'b",
+    'a"b',
+    "a`b",
+    "x;y",
+    "a.b",
+    "a b",
+    "ключ",
+    "表",
+    "x" * 300,
+    "x; DROP TABLE {victim}",
+    "items` ; DROP TABLE {victim}; --",
+    "'); DROP TABLE {victim}; --",
+    "a\\b",
+    "a\nb",
+    "a\x00b",
+    "",
+    " ",
+    "${jndi:x}",
+    "a--b",
+    "a/*b*/",
+    "CON",
+    "a\u202eb",
+    "a,b",
+    "a=b",
 ]
 ROLES = ("schema", "table", "column")
 
@@ -82,7 +104,11 @@ def identifier_trial(spark, settings, work: Path, seed: int, names: list[str] | 
         name = name.format(victim=victim) if "{victim}" in name else name
         hour = work / "archive" / f"{i:04d}" / "2026/03/01/00"
         hour.mkdir(parents=True, exist_ok=True)
-        schema, table, column = {"schema": (name, "hostile", "name"), "table": ("public", name, "name"), "column": ("public", "hostile", name)}[role]
+        schema, table, column = {
+            "schema": (name, "hostile", "name"),
+            "table": ("public", name, "name"),
+            "column": ("public", "hostile", name),
+        }[role]
         lines = _lines(schema, table, column, range(1, 4)) + _lines("public", "victim", "name", range(10 * i + 1, 10 * i + 3))
         rnd.shuffle(lines)
         (hour / "f.jsonl").write_text("\n".join(lines) + "\n")

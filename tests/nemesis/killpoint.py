@@ -28,8 +28,17 @@ POINTS = {
     "table-result-saved": ("cdc_apply.results", "save_table_result", "before"),
 }
 STAGE_POINTS = {
-    "all": ["decoded", "quarantine-written", "table-created", "merge-committed", "ledger-committed", "gate-run", "fast-forwarded",
-            "before-ledger-append", "ledger-appended"],
+    "all": [
+        "decoded",
+        "quarantine-written",
+        "table-created",
+        "merge-committed",
+        "ledger-committed",
+        "gate-run",
+        "fast-forwarded",
+        "before-ledger-append",
+        "ledger-appended",
+    ],
     "write": ["decoded", "quarantine-written", "merge-committed", "ledger-committed", "result-saved"],
     "validate": ["gate-run", "table-result-saved"],
     "publish": ["fast-forwarded", "table-result-saved"],

@@ -21,7 +21,7 @@ DONE = ("complete", "nothing-to-do")
 
 
 def _later_phases(base: Baseline, phase: str) -> None:
-    for later in base.phases[base.phases.index(phase) + 1:]:
+    for later in base.phases[base.phases.index(phase) + 1 :]:
         clean_run(base.folder, later)
 
 
@@ -84,7 +84,9 @@ def _task(base: Baseline, trial: Trial, stage: str, args: list[str], armed: dict
     return False
 
 
-def staged_trial(base: Baseline, phase: str, stage: str, point: str | None = None, delay: float | None = None, per_table: bool = True) -> Trial:
+def staged_trial(
+    base: Baseline, phase: str, stage: str, point: str | None = None, delay: float | None = None, per_table: bool = True
+) -> Trial:
     """The DAG's path, one process per task, with the ``stage`` task killed
     once at ``point`` or after ``delay`` s and retried; then compare."""
     from cdc_apply.archive.files import write_manifest

@@ -15,7 +15,13 @@ from tests.nemesis.runner import finish
 from tests.nemesis.trial import Trial
 from tests.nemesis.workload import SOURCE
 
-CLEAR = ("another run is applying batch", "recorded skipped by an operator", "main moved since branch", "table maintenance is running", "does not exist")
+CLEAR = (
+    "another run is applying batch",
+    "recorded skipped by an operator",
+    "main moved since branch",
+    "table maintenance is running",
+    "does not exist",
+)
 RACES = ("two-applies", "apply-vs-maintain", "apply-vs-skip")
 
 
@@ -37,7 +43,12 @@ def _judge(runs: list, trial: Trial) -> None:
         elif run.code not in (0, 1):
             trial.problems.append(f"a racer died:\n{run.tail()}")
         elif run.code == 1:
-            text = (run.result.get("message") or "") + " " + " ".join(t.get("message") or "" for t in run.result.get("tables", [])) + run.err[-2000:]
+            text = (
+                (run.result.get("message") or "")
+                + " "
+                + " ".join(t.get("message") or "" for t in run.result.get("tables", []))
+                + run.err[-2000:]
+            )
             if not any(c in text for c in CLEAR):  # a raw Py4JJavaError / IllegalArgumentException alone is not a reason
                 trial.problems.append(f"a loser failed without saying why in words:\n{run.tail()}")
     trial.figures["exit codes"] = sorted(r.code for r in runs)  # type: ignore[assignment]
@@ -64,7 +75,9 @@ def race_trial(base: Baseline, race: str, phase: str, stagger: float = 0.0) -> T
         if applied:
             trial.problems.append(f"batch {skipped[0][0]} recorded both skipped and complete")
         if {t: r for t, r in got["tables"].items() if r} != {t: r for t, r in before.items() if r}:  # a skipped batch changes no row
-            trial.problems.append("the skip won, yet the tables changed: " + str([t for t in got["tables"] if got["tables"][t] != before.get(t)]))
+            trial.problems.append(
+                "the skip won, yet the tables changed: " + str([t for t in got["tables"] if got["tables"][t] != before.get(t)])
+            )
     else:
         _later_phases(base, phase)
         trial.problems += base.check()

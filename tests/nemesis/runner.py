@@ -87,8 +87,14 @@ class Folder:
 
     def start(self, args: list[str], point: str | None = None) -> subprocess.Popen:
         """Start ``cdc <args>`` (armed to kill itself at ``point``)."""
-        cmd = [sys.executable, "-m", "tests.nemesis.killpoint", point, "--", *args] if point else [sys.executable, "-m", "cdc_apply.cli", *args]
-        return subprocess.Popen(cmd, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        cmd = (
+            [sys.executable, "-m", "tests.nemesis.killpoint", point, "--", *args]
+            if point
+            else [sys.executable, "-m", "cdc_apply.cli", *args]
+        )
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
 
     def run(self, args: list[str], point: str | None = None, kill_after: float | None = None, timeout: float = 900) -> Run:
         """One CLI run to its end, or SIGKILLed (its process group) ``kill_after`` seconds in."""

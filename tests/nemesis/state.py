@@ -54,11 +54,20 @@ def read_state(home: str, namespace: str) -> dict[str, Any]:
         state["files"][ident] = _file_batches(table)
         state["refs"][ident] = sorted(n for n in table.metadata.refs if n != "main")
     try:
-        batches = catalog.load_table("cdc_audit.batches").scan(selected_fields=("batch_id", "table_name", "status", "files")).to_arrow().to_pylist()
-        quarantine = catalog.load_table("cdc_audit.quarantine").scan(selected_fields=("batch_id", "file", "line", "reason")).to_arrow().to_pylist()
+        batches = (
+            catalog.load_table("cdc_audit.batches")
+            .scan(selected_fields=("batch_id", "table_name", "status", "files"))
+            .to_arrow()
+            .to_pylist()
+        )
+        quarantine = (
+            catalog.load_table("cdc_audit.quarantine").scan(selected_fields=("batch_id", "file", "line", "reason")).to_arrow().to_pylist()
+        )
     except Exception:
         batches, quarantine = [], []
-    state["batches"] = sorted([r["batch_id"], r["status"], sorted(f["path"] for f in r["files"] or [])] for r in batches if r["table_name"] == "*")
+    state["batches"] = sorted(
+        [r["batch_id"], r["status"], sorted(f["path"] for f in r["files"] or [])] for r in batches if r["table_name"] == "*"
+    )
     state["quarantine"] = sorted([r["batch_id"], r["file"], r["line"], r["reason"]] for r in quarantine)
     return state
 
@@ -90,7 +99,7 @@ def differences(expected: dict[str, Any], got: dict[str, Any], *, batches: bool 
         want, have = Counter(expected["tables"].get(ident, [])), Counter(got["tables"].get(ident, []))
         lost, extra = list((want - have).elements()), list((have - want).elements())
         out += [f"{ident}: row lost {r}" for r in lost[:3]] + [f"{ident}: row extra {r}" for r in extra[:3]]
-        if expected["files"].get(ident, {}) .keys() != got["files"].get(ident, {}).keys():
+        if expected["files"].get(ident, {}).keys() != got["files"].get(ident, {}).keys():
             out.append(f"{ident}: applied files differ: {sorted(set(expected['files'].get(ident, {})) ^ set(got['files'].get(ident, {})))}")
     if batches:
         want = sorted(b for b in expected["batches"] if b[1] == "complete")

@@ -36,7 +36,12 @@ def _changes(rnd: random.Random, n: int, seq0: int, hour: int) -> list[Synthetic
         seq += 1
         ts = T0 + dt.timedelta(hours=hour, seconds=i)
         key = rnd.randint(1, 12)
-        row = {"id": key, "name": rnd.choice(["a", "b", None, "ü x", "q'uote"]), "amount": Decimal(rnd.randint(-9999, 9999)).scaleb(-2), "updated_at": ts}
+        row = {
+            "id": key,
+            "name": rnd.choice(["a", "b", None, "ü x", "q'uote"]),
+            "amount": Decimal(rnd.randint(-9999, 9999)).scaleb(-2),
+            "updated_at": ts,
+        }
         kind = rnd.choice("cuuudkp")
         if kind == "d":
             out.append(SyntheticChange("d", {"id": key}, None, {"id": key}, seq, seq, ts))

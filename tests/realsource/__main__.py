@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     all_mismatches, failed, all_classes = [], False, {}
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         t0 = time.monotonic()
-        cap = capture_seed(seed, work / f"seed{seed}", hours=args.hours, ops=int(args.ops * args.scale), snapshot_rows=int(args.ops / 3 * args.scale))
+        cap = capture_seed(
+            seed, work / f"seed{seed}", hours=args.hours, ops=int(args.ops * args.scale), snapshot_rows=int(args.ops / 3 * args.scale)
+        )
         results = [
             apply_in_order(spark, settings, cap, f"rs_inorder_{seed}", work),
             apply_late_hour(spark, settings, cap, f"rs_late_{seed}", work, late=seed % (len(cap.hours) - 1)),
@@ -59,10 +61,15 @@ def main(argv: list[str] | None = None) -> int:
             all_mismatches += res.mismatches
             failed |= not res.ok
         totals["events"] += cap.lines
-        print(f"seed {seed}: {cap.lines} events ({cap.ops}) in {cap.files} files from {cap.statements} statements; "
-              f"capture {cap.seconds:.0f} s, seed {(time.monotonic() - t0) / 60:.1f} min", flush=True)
-    print(f"\n{args.seeds} seed(s), {totals['events']} events, {totals['rows']} rows compared, "
-          f"{totals['mismatches']} mismatches, {(time.monotonic() - started) / 60:.1f} min")
+        print(
+            f"seed {seed}: {cap.lines} events ({cap.ops}) in {cap.files} files from {cap.statements} statements; "
+            f"capture {cap.seconds:.0f} s, seed {(time.monotonic() - t0) / 60:.1f} min",
+            flush=True,
+        )
+    print(
+        f"\n{args.seeds} seed(s), {totals['events']} events, {totals['rows']} rows compared, "
+        f"{totals['mismatches']} mismatches, {(time.monotonic() - started) / 60:.1f} min"
+    )
     for kind, ms in sorted(all_classes.items(), key=lambda kv: -len(kv[1])):
         print(f"  {len(ms):5d}  {kind}   e.g. {ms[0]}")
     spark.stop()

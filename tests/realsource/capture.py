@@ -35,7 +35,7 @@ from typing import Any
 from tests.realsource.pg import PostgresServer, postgres
 from tests.realsource.sink import ArchiveSink
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 TOPIC_PREFIX = "shop"
 MARKER = "cdc_marker"
 ALPHABET = string.ascii_letters + string.digits + "+/"
@@ -101,15 +101,19 @@ def some_score(rng: random.Random) -> Decimal | None:
     if kind < 0.15:
         return None
     if kind < 0.3:
-        return Decimal(rng.randint(-10**30, 10**30))
-    return Decimal(rng.randint(-10**9, 10**9)).scaleb(-rng.randint(0, 9))
+        return Decimal(rng.randint(-(10**30), 10**30))
+    return Decimal(rng.randint(-(10**9), 10**9)).scaleb(-rng.randint(0, 9))
 
 
 def some_json(rng: random.Random) -> Any:
     kind = rng.random()
     if kind < 0.2:
         return None
-    doc = {"v": rng.randint(0, 99), "tags": rng.sample(["a", "b", "c", "ü", "x y"], 2), "price": str(Decimal(rng.randint(0, 99999)).scaleb(-2))}
+    doc = {
+        "v": rng.randint(0, 99),
+        "tags": rng.sample(["a", "b", "c", "ü", "x y"], 2),
+        "price": str(Decimal(rng.randint(0, 99999)).scaleb(-2)),
+    }
     if kind < 0.5:
         doc["blob"] = big_text(rng)
     return doc
@@ -231,7 +235,11 @@ class Workload:
             self._exec(conn, f"UPDATE {table} SET {col} = %(v)s WHERE {where}", {**params, "v": value})
         else:  # small columns only: the large values stay as they are (unchanged TOAST)
             if table == "customers":
-                sets = {"balance": Decimal(rng.randint(-99_999_999, 99_999_999)).scaleb(-2), "updated_at": some_ts(rng), "score": some_score(rng)}
+                sets = {
+                    "balance": Decimal(rng.randint(-99_999_999, 99_999_999)).scaleb(-2),
+                    "updated_at": some_ts(rng),
+                    "score": some_score(rng),
+                }
                 if self.customer_tier and rng.random() < 0.5:
                     sets["tier"] = rng.choice(["gold", "silver", None])
                 if rng.random() < 0.3:
@@ -350,7 +358,7 @@ class Recorder:
                         payload = json.loads(value)["payload"]
                         if payload.get("op") == "c":  # streamed, not read by the snapshot
                             self.markers.add(int(payload["after"]["id"]))
-            except BaseException as exc:  # noqa: BLE001 - surfaced to the workload thread
+            except BaseException as exc:
                 self.error = exc
                 raise
             finally:
@@ -426,7 +434,7 @@ def capture(seed: int, out: Path, *, hours: int = 4, ops_per_hour: int = 60, sna
             torn_hour = 1 if hours >= 3 else None
             for h in range(hours):
                 _hour_work(wl, a, b, h, ops_per_hour)
-                marker += 1
+                marker += 1  # noqa: SIM113 - one marker sequence across every hour of the run
                 a.execute(f"INSERT INTO {MARKER} VALUES (%s, %s, now())", (marker, h))
                 recorder.wait_marker(marker)
                 state = HourState(sink.hour, read_state(server.dsn), read_types(server.dsn))

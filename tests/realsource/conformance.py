@@ -30,7 +30,7 @@ import yaml
 from tests.realsource.capture import TABLE_KEYS, Capture, HourState
 
 ROOT = Path(__file__).resolve().parents[2]
-UTC = dt.timezone.utc
+UTC = dt.UTC
 HOUR = dt.timedelta(hours=1)
 
 
@@ -67,9 +67,11 @@ class VariantResult:
         return not self.mismatches and not self.problems
 
     def summary(self, limit: int = 20) -> str:
-        lines = [f"{self.name}: {self.batches} batches, {self.comparisons} comparisons, {self.rows_compared} rows compared, "
-                 f"{len(self.mismatches)} mismatches, {self.tombstones_quarantined} of {self.tombstone_lines} tombstone lines quarantined, "
-                 f"messages {self.messages}, batch seconds {self.batch_seconds}"]
+        lines = [
+            f"{self.name}: {self.batches} batches, {self.comparisons} comparisons, {self.rows_compared} rows compared, "
+            f"{len(self.mismatches)} mismatches, {self.tombstones_quarantined} of {self.tombstone_lines} tombstone lines quarantined, "
+            f"messages {self.messages}, batch seconds {self.batch_seconds}"
+        ]
         lines += [f"  problem: {p}" for p in self.problems[:limit]]
         lines += [f"  {m}" for m in self.mismatches[:limit]]
         if limit and len(self.mismatches) > limit:
@@ -91,9 +93,26 @@ def capture_seed(seed: int, out: Path, *, hours: int = 4, ops: int = 60, snapsho
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "spark_jobs"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     with (out / "capture.log").open("wb") as log:
         proc = subprocess.run(
-            [sys.executable, "-m", "tests.realsource.capture", "--seed", str(seed), "--hours", str(hours),
-             "--ops", str(ops), "--snapshot-rows", str(snapshot_rows), "--out", str(out)],
-            cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900,  # Debezium writes logs/ in its cwd
+            [
+                sys.executable,
+                "-m",
+                "tests.realsource.capture",
+                "--seed",
+                str(seed),
+                "--hours",
+                str(hours),
+                "--ops",
+                str(ops),
+                "--snapshot-rows",
+                str(snapshot_rows),
+                "--out",
+                str(out),
+            ],
+            cwd=out,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=900,  # Debezium writes logs/ in its cwd
         )
     if proc.returncode:
         tail = (out / "capture.log").read_text(errors="replace")[-4000:]
@@ -341,8 +360,14 @@ def raw_example(m: Mismatch, by_key: dict, deletes: dict, limit: int = 240) -> l
     msgs = msgs + [deletes[(m.table, x.lsn, x.tx)] for x in msgs if x.op == "c" and (m.table, x.lsn, x.tx) in deletes]
     for x in sorted(msgs, key=lambda x: (x.lsn, x.op != "d")):
         payload = json.loads(x.text)["payload"]
-        cut = {k: ({c: (v[:24] + "..." if isinstance(v, str) and len(v) > 24 else v) for c, v in payload[k].items()} if payload.get(k) else payload.get(k))
-               for k in ("before", "after")}
+        cut = {
+            k: (
+                {c: (v[:24] + "..." if isinstance(v, str) and len(v) > 24 else v) for c, v in payload[k].items()}
+                if payload.get(k)
+                else payload.get(k)
+            )
+            for k in ("before", "after")
+        }
         src = {k: payload["source"].get(k) for k in ("lsn", "txId", "snapshot")}
         out.append(f"{x.file}:{x.line} op={x.op} source={src} before={cut['before']} after={cut['after']}"[: limit * 3])
     return out

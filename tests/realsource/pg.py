@@ -8,9 +8,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 PG_BIN = Path(os.environ.get("CDC_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
@@ -52,12 +52,30 @@ class PostgresServer:
             owner = pwd.getpwnam(os.environ.get("CDC_PG_USER", "postgres"))
             for path in (self.folder, pwfile):
                 os.chown(path, owner.pw_uid, owner.pw_gid)
-        self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", self.user, f"--pwfile={pwfile}",
-                  "-A", "md5", "-E", "UTF8", "--locale=C.UTF-8")
+        self._run(
+            str(PG_BIN / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            self.user,
+            f"--pwfile={pwfile}",
+            "-A",
+            "md5",
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+        )
         conf = {
-            "listen_addresses": "'127.0.0.1'", "port": str(self.port), "unix_socket_directories": f"'{self.folder}'",
-            "wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4",
-            "timezone": "'UTC'", "fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
+            "listen_addresses": "'127.0.0.1'",
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.folder}'",
+            "wal_level": "logical",
+            "max_replication_slots": "4",
+            "max_wal_senders": "4",
+            "timezone": "'UTC'",
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
             "shared_buffers": "64MB",
         }
         with (self.data / "postgresql.conf").open("a") as fh:
@@ -77,8 +95,11 @@ class PostgresServer:
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
-            subprocess.run([*self._as_user(), str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"],
-                           capture_output=True, env=self._env())
+            subprocess.run(
+                [*self._as_user(), str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"],
+                capture_output=True,
+                env=self._env(),
+            )
 
 
 @contextmanager

@@ -32,7 +32,7 @@ class ArchiveSink:
     partitions: int = 3
     roll_every: int = 25
     gzip_partitions: frozenset[int] = frozenset({1})
-    hour: dt.datetime = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    hour: dt.datetime = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     files: dict[tuple[str, int], _OpenFile] = field(default_factory=dict)
     written: list[tuple[dt.datetime, Path]] = field(default_factory=list)

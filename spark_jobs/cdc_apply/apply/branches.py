@@ -6,7 +6,7 @@ Iceberg's session snapshot properties (``spark.sql.iceberg.snapshot-property.*``
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from pyspark.sql import DataFrame, SparkSession
 

@@ -102,17 +102,21 @@ def label_duplicates(events: DataFrame, key_cols: list[str]) -> DataFrame:
     # The key's events in the batch, counted by the same window (no extra pass):
     # fold_per_key folds a key with one event without grouping.
     whole_key = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    content = F.xxhash64(F.col("_cdc_op"), F.to_json(F.array_sort(F.map_entries(F.coalesce(F.col("_cdc_after"), F.create_map().cast("map<string,string>"))))))
-    labelled = events.withColumn("_cdc_label", F.when(repeated, F.lit(DUPLICATE)).otherwise(F.lit(APPLY))).withColumn(
-        "_cdc_key_events", F.count(F.lit(1)).over(whole_key)
-    ).withColumn("_cdc_content", F.when(shares_position, content))
+    content = F.xxhash64(
+        F.col("_cdc_op"), F.to_json(F.array_sort(F.map_entries(F.coalesce(F.col("_cdc_after"), F.create_map().cast("map<string,string>")))))
+    )
+    labelled = (
+        events.withColumn("_cdc_label", F.when(repeated, F.lit(DUPLICATE)).otherwise(F.lit(APPLY)))
+        .withColumn("_cdc_key_events", F.count(F.lit(1)).over(whole_key))
+        .withColumn("_cdc_content", F.when(shares_position, content))
+    )
     # only deliveries that share a position have a content hash (rare): the
     # (key, position) window needs no new shuffle, the data is partitioned by key
     same_pos = Window.partitionBy(*keys, META_POS)
     differs = F.min("_cdc_content").over(same_pos) != F.max("_cdc_content").over(same_pos)
-    return labelled.withColumn("_cdc_label", F.when(F.col("_cdc_content").isNotNull() & differs, F.lit(CONFLICT)).otherwise(F.col("_cdc_label"))).drop(
-        "_cdc_content"
-    )
+    return labelled.withColumn(
+        "_cdc_label", F.when(F.col("_cdc_content").isNotNull() & differs, F.lit(CONFLICT)).otherwise(F.col("_cdc_label"))
+    ).drop("_cdc_content")
 
 
 def label_against_target(
@@ -172,15 +176,21 @@ _IN_LOG_ORDER = """array_sort({events}, (l, r) -> CASE
       WHEN l.line < r.line THEN -1 WHEN l.line > r.line THEN 1 ELSE 0 END)"""
 """A key's events sorted as they apply: position, then lineage (file, line)."""
 
-_STATE_BEFORE = """
+_STATE_BEFORE = (
+    """
 aggregate(
-  """ + _IN_LOG_ORDER.format(events="hist") + """,
+  """
+    + _IN_LOG_ORDER.format(events="hist")
+    + """,
   cast(map() AS map<string,string>),
   (acc, e) -> CASE WHEN e.op = 'd' THEN cast(map() AS map<string,string>) ELSE map_concat(acc, e.after) END)
 """
+)
 
 
-def inherit_moved_columns(prepared: DataFrame, stored: DataFrame, key_cols: list[str], columns: dict[str, str]) -> tuple[DataFrame, DataFrame]:
+def inherit_moved_columns(
+    prepared: DataFrame, stored: DataFrame, key_cols: list[str], columns: dict[str, str]
+) -> tuple[DataFrame, DataFrame]:
     """The insert half of a primary-key change inherits what it does not carry.
 
     A source emits a key change as a delete of the old key and an insert of
@@ -212,12 +222,23 @@ def inherit_moved_columns(prepared: DataFrame, stored: DataFrame, key_cols: list
     if pairs.isEmpty():
         return prepared, pairs
     on = functools.reduce(operator.and_, [F.col(quote(k)) == F.col(o) for k, o in zip(key_cols, old)])
-    event = F.struct(F.col(META_POS).alias("pos"), F.col("_cdc_file").alias("file"), F.col("_cdc_line").alias("line"), F.col("_cdc_op").alias("op"),
-                     F.coalesce(F.col("_cdc_after"), F.create_map().cast("map<string,string>")).alias("after"))
+    event = F.struct(
+        F.col(META_POS).alias("pos"),
+        F.col("_cdc_file").alias("file"),
+        F.col("_cdc_line").alias("line"),
+        F.col("_cdc_op").alias("op"),
+        F.coalesce(F.col("_cdc_after"), F.create_map().cast("map<string,string>")).alias("after"),
+    )
     data = F.create_map(*[x for c, t in columns.items() for x in (F.lit(c), text_of(F.col(quote(c)), t))])
     # the pair's own lineage names the insert; rename so both sides agree
     pb = F.broadcast(pairs.withColumnRenamed("_cdc_file", "_m_file").withColumnRenamed("_cdc_line", "_m_line"))
-    table_event = F.struct(F.col("_cdc_position").alias("pos"), F.lit("").alias("file"), F.lit(0).cast("bigint").alias("line"), F.lit("u").alias("op"), data.alias("after"))
+    table_event = F.struct(
+        F.col("_cdc_position").alias("pos"),
+        F.lit("").alias("file"),
+        F.lit(0).cast("bigint").alias("line"),
+        F.lit("u").alias("op"),
+        data.alias("after"),
+    )
     from_table = (
         stored.join(pb, on)
         .where(~F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & (F.col("_cdc_position") < F.col("_m_pos")))
@@ -237,10 +258,14 @@ def inherit_moved_columns(prepared: DataFrame, stored: DataFrame, key_cols: list
         )
         richer = (
             completed.join(F.broadcast(inherited), ["_cdc_file", "_cdc_line"], "left")
-            .withColumn("_m_gain", F.coalesce(F.size(F.map_concat(F.col("_m_inherited"), F.col("_cdc_after"))) - F.size("_cdc_after"), F.lit(0)))
+            .withColumn(
+                "_m_gain", F.coalesce(F.size(F.map_concat(F.col("_m_inherited"), F.col("_cdc_after"))) - F.size("_cdc_after"), F.lit(0))
+            )
             .withColumn(
                 "_cdc_after",
-                F.when(F.col("_m_inherited").isNotNull(), F.map_concat(F.col("_m_inherited"), F.col("_cdc_after"))).otherwise(F.col("_cdc_after")),
+                F.when(F.col("_m_inherited").isNotNull(), F.map_concat(F.col("_m_inherited"), F.col("_cdc_after"))).otherwise(
+                    F.col("_cdc_after")
+                ),
             )
             .drop("_m_inherited")
             .persist()
@@ -254,9 +279,12 @@ def inherit_moved_columns(prepared: DataFrame, stored: DataFrame, key_cols: list
     return completed, pairs
 
 
-_FOLD = """
+_FOLD = (
+    """
 aggregate(
-  """ + _IN_LOG_ORDER.format(events="evs") + """,
+  """
+    + _IN_LOG_ORDER.format(events="evs")
+    + """,
   named_struct('deleted', false, 'vals', cast(map() AS map<string,string>),
                'cpos', cast(map() AS map<string,string>), 'delpos', cast(NULL AS string),
                'pos', cast(NULL AS string), 'op', cast(NULL AS string),
@@ -271,6 +299,7 @@ aggregate(
                       'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id)
   END)
 """
+)
 # The fold of a key's only event, written out over one event ``{e}`` (a struct
 # of fold_per_key's ``ev``, whose ``after`` is never null): most keys of a
 # batch have one, and the fold's lambdas (array_sort's comparator,
@@ -318,9 +347,11 @@ def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
         F.col("_cdc_tx_id").alias("tx_id"),
     )
     applied = events.where(F.col("_cdc_label") == APPLY)
-    alone = applied.where(F.col("_cdc_key_events") == 1).select(
-        *keys, ev.alias("_e"), F.lit(1).cast("bigint").alias("_cdc_events"), "_cdc_stored_live", "_cdc_stored_pos"
-    ).withColumn("_f", F.expr(_ONE_EVENT.format(e="_e")))
+    alone = (
+        applied.where(F.col("_cdc_key_events") == 1)
+        .select(*keys, ev.alias("_e"), F.lit(1).cast("bigint").alias("_cdc_events"), "_cdc_stored_live", "_cdc_stored_pos")
+        .withColumn("_f", F.expr(_ONE_EVENT.format(e="_e")))
+    )
     grouped = (
         applied.where(F.col("_cdc_key_events") > 1)
         .groupBy(*keys)

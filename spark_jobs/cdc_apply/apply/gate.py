@@ -129,7 +129,9 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
         suite = ctx.suites.add_or_update(suite)
         vd = ctx.validation_definitions.add_or_update(gx.ValidationDefinition(name=f"{suite.name}_{batch_id}", data=bd, suite=suite))
         checkpoint = ctx.checkpoints.add_or_update(
-            gx.Checkpoint(name=f"{suite.name}_gate", validation_definitions=[vd], actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")])
+            gx.Checkpoint(
+                name=f"{suite.name}_gate", validation_definitions=[vd], actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")]
+            )
         )
         run = checkpoint.run(batch_parameters={"dataframe": df})
         success = success and bool(run.success)
@@ -191,7 +193,9 @@ def reconcile(
             .agg(
                 _rows(F.col("b_pos") < F.col("m_pos")).alias("regressed"),
                 _rows((F.col("_cdc_action") == "delete") & (F.col("b_del") == F.lit(False))).alias("deleted_present"),
-                _rows((F.col("_cdc_action") == "upsert") & (F.col("b_del").isNull() | F.col("b_del") | (F.col("b_pos") != F.col("f_pos")))).alias("upsert_missing"),
+                _rows(
+                    (F.col("_cdc_action") == "upsert") & (F.col("b_del").isNull() | F.col("b_del") | (F.col("b_pos") != F.col("f_pos")))
+                ).alias("upsert_missing"),
             )
             .collect()[0]
         )

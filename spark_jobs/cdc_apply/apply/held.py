@@ -22,7 +22,8 @@ immutable): a different SHA-256 is refused like a changed applied file.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F

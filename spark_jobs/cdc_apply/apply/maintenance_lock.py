@@ -47,8 +47,8 @@ def _pid_alive(pid: int) -> bool:
 def stale_lock_reason(props: dict[str, str], now: dt.datetime | None = None) -> str | None:
     """Why the maintenance branch's lock is stale (None: an owner is alive).
     ``props``: the table's properties."""
-    now = now or dt.datetime.now(dt.timezone.utc)
-    owners = {k[len(LOCK_PREFIX):]: v for k, v in props.items() if k.startswith(LOCK_PREFIX)}
+    now = now or dt.datetime.now(dt.UTC)
+    owners = {k[len(LOCK_PREFIX) :]: v for k, v in props.items() if k.startswith(LOCK_PREFIX)}
     if not owners:
         return "no owner recorded (a lock from before owners were recorded)"
     gone = []
@@ -85,7 +85,7 @@ def recover_stale_lock(spark: SparkSession, identifier: str) -> str | None:
 def take_lock(spark: SparkSession, identifier: str) -> str | None:
     """Create the maintenance branch with this process as its owner; the
     reason it is held by another (live) one otherwise."""
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     owner = json.dumps({"started_at": now.isoformat(), "expires_at": (now + dt.timedelta(hours=LOCK_HOURS)).isoformat()})
     key = lock_key()
     spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({sql_string(key)}={sql_string(owner)})")

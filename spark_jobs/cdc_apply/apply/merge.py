@@ -24,7 +24,9 @@ def apply_truncate(spark: SparkSession, spec: TableSpec, branch: str, truncated_
     if data_cols:
         older = {c: f"coalesce(_cdc_col_pos['{_sql_str(c)}'], _cdc_position) < '{t}'" for c in data_cols}
         sets = [f"{quote(c)} = CASE WHEN {cond} THEN NULL ELSE {quote(c)} END" for c, cond in older.items()]
-        pos = f"map_filter(transform_values(_cdc_col_pos, (k, v) -> CASE WHEN v < '{t}' THEN '{t}' ELSE v END), (k, v) -> v < _cdc_position)"
+        pos = (
+            f"map_filter(transform_values(_cdc_col_pos, (k, v) -> CASE WHEN v < '{t}' THEN '{t}' ELSE v END), (k, v) -> v < _cdc_position)"
+        )
         spark.sql(
             f"UPDATE {branch_ref(spec, branch)} SET {', '.join(sets)}, _cdc_col_pos = {pos} "
             f"WHERE NOT _cdc_deleted AND array_min(map_values(_cdc_col_pos)) < '{t}'"
@@ -121,10 +123,10 @@ def merge_sql(spec: TableSpec, branch: str, view: str, batch_id: str, key_ranges
     USING {view} s
     ON {on}
     WHEN MATCHED AND s.{META_POS} <> t._cdc_position THEN UPDATE SET
-      {', '.join(sets + meta)}
+      {", ".join(sets + meta)}
     WHEN NOT MATCHED THEN INSERT
-      ({', '.join(insert_cols)}, _cdc_position, _cdc_op, _cdc_deleted, _cdc_commit_ts, _cdc_tx_id, _cdc_batch_id, _cdc_applied_at, _cdc_col_pos)
-      VALUES ({', '.join(insert_vals)}, s.{META_POS}, s._cdc_op, s._cdc_action = 'delete', s._cdc_commit_ts, s._cdc_tx_id,
+      ({", ".join(insert_cols)}, _cdc_position, _cdc_op, _cdc_deleted, _cdc_commit_ts, _cdc_tx_id, _cdc_batch_id, _cdc_applied_at, _cdc_col_pos)
+      VALUES ({", ".join(insert_vals)}, s.{META_POS}, s._cdc_op, s._cdc_action = 'delete', s._cdc_commit_ts, s._cdc_tx_id,
               '{batch}', current_timestamp(), {col_pos_new})
     """
 

@@ -166,8 +166,14 @@ def _create_or_evolve(work: TableWork, spec: tables.TableSpec, exists: bool, met
 
 
 def _write(
-    work: TableWork, spec: tables.TableSpec, rows: DataFrame, meta: Any, truncs: Any, truncated_at: str | None,
-    new_files: list[ArchiveFile], tr: TableResult,
+    work: TableWork,
+    spec: tables.TableSpec,
+    rows: DataFrame,
+    meta: Any,
+    truncs: Any,
+    truncated_at: str | None,
+    new_files: list[ArchiveFile],
+    tr: TableResult,
 ) -> None:
     """Order, label and fold the row events; MERGE them onto a fresh audit
     branch with the ledger properties; reconcile.  Long because the labelled
@@ -192,7 +198,9 @@ def _write(
     labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at, prune_state=prune).persist()
     folded = compact.fold_per_key(labelled, spec.key_columns).persist()
     try:
-        counts, tr.position_min, tr.position_max, null_keys, key_ranges = compact.accounting(labelled, folded, spec.key_columns, len(spec.columns))
+        counts, tr.position_min, tr.position_max, null_keys, key_ranges = compact.accounting(
+            labelled, folded, spec.key_columns, len(spec.columns)
+        )
         if null_keys:  # rare: quarantine them, apply the rest (a missing key never blocks the source)
             keyless = _quarantine_keyless(work, spec, rows)
             labelled.unpersist()
@@ -202,10 +210,14 @@ def _write(
                 compact.label_duplicates(prepared, spec.key_columns), state, spec.key_columns, truncated_at, prune_state=prune
             ).persist()
             folded = compact.fold_per_key(labelled, spec.key_columns).persist()
-            counts, tr.position_min, tr.position_max, _, key_ranges = compact.accounting(labelled, folded, spec.key_columns, len(spec.columns))
+            counts, tr.position_min, tr.position_max, _, key_ranges = compact.accounting(
+                labelled, folded, spec.key_columns, len(spec.columns)
+            )
             counts["quarantined"] = keyless
             if keyless > work.source.quarantine_max_share * n_events:
-                tr.failed_expectations.append(f"null_key_share(max={work.source.quarantine_max_share}, got={keyless / n_events:.4f}, events={keyless})")
+                tr.failed_expectations.append(
+                    f"null_key_share(max={work.source.quarantine_max_share}, got={keyless / n_events:.4f}, events={keyless})"
+                )
         counts["truncates"] = int(truncs["n"])
         if moved is not None:
             counts["key_changes_inherited"] = moved.count()
@@ -213,7 +225,10 @@ def _write(
         if counts.get("partial_inserts"):
             log.warning(
                 "%s: %d insert(s) leave columns out and the delete half of their primary-key change is not in this batch: "
-                "those columns are NULL until a later event carries them", spec.identifier, counts["partial_inserts"])
+                "those columns are NULL until a later event carries them",
+                spec.identifier,
+                counts["partial_inserts"],
+            )
         if counts["conflicts"]:
             tr.failed_expectations.append(_conflict_check(labelled, spec.key_columns, counts["conflicts"]))
         tr.counts = counts
@@ -232,7 +247,9 @@ def _write(
         tr.branch_snapshot = _own_head(spark, spec, branch, attempt, work.batch_id)
         tr.key_columns = spec.key_columns
         # reconciliation needs the folded batch: computed now, judged by the gate
-        tr.failed_expectations += gate.reconcile(read_snapshot(spark, spec, tr.branch_snapshot), base_live, folded, spec.key_columns, counts, main_df)
+        tr.failed_expectations += gate.reconcile(
+            read_snapshot(spark, spec, tr.branch_snapshot), base_live, folded, spec.key_columns, counts, main_df
+        )
         tr.status = Status.WRITTEN
     finally:
         labelled.unpersist()
@@ -249,15 +266,26 @@ def _quarantine_keyless(work: TableWork, spec: tables.TableSpec, rows: DataFrame
     types = ", ".join(f"{k} {t}" for k, t in key_types.items())
     reason = f"null key: {spec.short}: the event has no value for key column(s) ({types}) (absent or NULL)"
     raw = F.to_json(F.struct("database", "schema_name", "table_name", "op", "key_columns", "position", "after", "before"))
-    bad = rows.where(missing).select(
-        F.lit(work.batch_id).alias("batch_id"), F.lit(work.source.name).alias("source"), "file", "line", F.lit(reason).alias("reason"),
-        raw.alias("raw"), F.current_timestamp().alias("recorded_at"),
-    ).persist()
+    bad = (
+        rows.where(missing)
+        .select(
+            F.lit(work.batch_id).alias("batch_id"),
+            F.lit(work.source.name).alias("source"),
+            "file",
+            "line",
+            F.lit(reason).alias("reason"),
+            raw.alias("raw"),
+            F.current_timestamp().alias("recorded_at"),
+        )
+        .persist()
+    )
     try:
         n = bad.count()
         ledger.Ledger(work.settings).ensure_audit_tables()
         target = f"{work.settings.catalog_name}.{work.settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
-        work.spark.sql(f"DELETE FROM {target} WHERE batch_id = {tables.sql_string(work.batch_id)} AND reason = {tables.sql_string(reason)}")  # a retry replaces
+        work.spark.sql(
+            f"DELETE FROM {target} WHERE batch_id = {tables.sql_string(work.batch_id)} AND reason = {tables.sql_string(reason)}"
+        )  # a retry replaces
         bad.writeTo(target).append()
     finally:
         bad.unpersist()
@@ -265,7 +293,9 @@ def _quarantine_keyless(work: TableWork, spec: tables.TableSpec, rows: DataFrame
     return n
 
 
-def table_spec(spark: SparkSession, settings: Settings, source: SourceConfig, meta: Any, target: str | None = None) -> tables.TableSpec | None:
+def table_spec(
+    spark: SparkSession, settings: Settings, source: SourceConfig, meta: Any, target: str | None = None
+) -> tables.TableSpec | None:
     """The target's name, key and columns; None for a table that is not in the
     lake yet and whose batch holds nothing but truncates (nothing to create)."""
     name = meta["table_name"]
@@ -311,9 +341,17 @@ def refuse_untyped(spark: SparkSession, settings: Settings, source: SourceConfig
     if tables.table_exists(spark, f"{settings.catalog_name}.{source.namespace}.{tables.target_name(name)}"):
         return
     ev = events.where((F.col("table_name") == name) & F.col("schema_name").eqNullSafe(F.lit(meta["schema_name"])))
-    cols = [r[0] for r in ev.select(F.explode(F.map_keys(F.map_concat("after", F.coalesce("before", F.create_map().cast("map<string,string>")))))).distinct().orderBy(1).collect()]
+    cols = [
+        r[0]
+        for r in ev.select(F.explode(F.map_keys(F.map_concat("after", F.coalesce("before", F.create_map().cast("map<string,string>"))))))
+        .distinct()
+        .orderBy(1)
+        .collect()
+    ]
     qualified = f"{meta['schema_name']}.{name}" if meta["schema_name"] else name
-    key = next((k for k in meta["keys"] if k), None) or next((source.primary_keys[n] for n in (f"{meta['database']}.{qualified}", qualified, name) if n in source.primary_keys), None)
+    key = next((k for k in meta["keys"] if k), None) or next(
+        (source.primary_keys[n] for n in (f"{meta['database']}.{qualified}", qualified, name) if n in source.primary_keys), None
+    )
     missing = "columns" if key else "primary_key and columns"
     declared = ", ".join(f"{c}: <type>" for c in cols) or "<column>: <type>, ..."
     raise ConfigError(
@@ -346,7 +384,13 @@ def _own_head(spark: SparkSession, spec: tables.TableSpec, branch: str, attempt:
     """The branch head, checked to be this run's own commit (its attempt id in
     the snapshot summary): another run of the batch may have reset the branch."""
     head = branches.branch_snapshot(spark, spec, branch)
-    rows = [] if head is None else spark.sql(f"SELECT summary['{ATTEMPT_PROPERTY}'] AS a FROM {spec.identifier}.snapshots WHERE snapshot_id = {int(head)}").collect()
+    rows = (
+        []
+        if head is None
+        else spark.sql(
+            f"SELECT summary['{ATTEMPT_PROPERTY}'] AS a FROM {spec.identifier}.snapshots WHERE snapshot_id = {int(head)}"
+        ).collect()
+    )
     if head is None or not rows or rows[0]["a"] != attempt:
         raise ConcurrentApply(
             f"another run is applying batch {batch_id} to {spec.identifier} at the same time (the head {head} of branch {branch!r} "

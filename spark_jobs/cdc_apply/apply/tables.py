@@ -39,7 +39,9 @@ INT_TYPES = ["tinyint", "smallint", "int", "bigint"]
 
 def validate_column(name: str, table: str) -> str:
     if not name or len(name) > 128 or _BAD_COLUMN.search(name) or name.lower().startswith("_cdc_"):
-        raise ConfigError(f"table {table}: column name {name!r} cannot be used (empty, too long, control characters, backticks or the reserved _cdc_ prefix)")
+        raise ConfigError(
+            f"table {table}: column name {name!r} cannot be used (empty, too long, control characters, backticks or the reserved _cdc_ prefix)"
+        )
     return name
 
 

@@ -17,9 +17,9 @@ import datetime as dt
 import gzip
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 _HOUR_PATTERNS = (
     re.compile(r"(?P<y>\d{4})/(?P<m>\d{2})/(?P<d>\d{2})/(?P<h>\d{2})(?:/|$)"),
@@ -40,8 +40,8 @@ def unread_compression(name: str) -> str | None:
     lower = name.lower()
     for plain in _PLAIN:
         i = lower.rfind(plain + ".")
-        if i >= 0 and lower[i + len(plain):] in UNREAD_COMPRESSIONS:
-            return lower[i + len(plain):]
+        if i >= 0 and lower[i + len(plain) :] in UNREAD_COMPRESSIONS:
+            return lower[i + len(plain) :]
     return None
 
 
@@ -72,7 +72,7 @@ class ArchiveFile:
         return {**self.as_dict(), "hour": self.hour.isoformat()}
 
     @classmethod
-    def from_manifest_entry(cls, entry: dict) -> "ArchiveFile":
+    def from_manifest_entry(cls, entry: dict) -> ArchiveFile:
         return cls(hour=dt.datetime.fromisoformat(entry["hour"]), path=entry["path"], size=int(entry["size"]), sha256=entry["sha256"])
 
 
@@ -93,12 +93,12 @@ def hour_of(relative: str, mtime: dt.datetime | None = None) -> dt.datetime:
         found = list(pattern.finditer(relative))
         if found:
             g = found[-1].groupdict()
-            return dt.datetime(int(g["y"]), int(g["m"]), int(g["d"]), int(g["h"]), tzinfo=dt.timezone.utc)
+            return dt.datetime(int(g["y"]), int(g["m"]), int(g["d"]), int(g["h"]), tzinfo=dt.UTC)
     if mtime is None:
-        mtime = dt.datetime.now(dt.timezone.utc)
+        mtime = dt.datetime.now(dt.UTC)
     if mtime.tzinfo is None:
-        mtime = mtime.replace(tzinfo=dt.timezone.utc)
-    return mtime.astimezone(dt.timezone.utc).replace(minute=0, second=0, microsecond=0)
+        mtime = mtime.replace(tzinfo=dt.UTC)
+    return mtime.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
 
 
 Known = Mapping[str, tuple[int, str]]

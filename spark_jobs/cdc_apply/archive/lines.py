@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import io
 import zlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator, Union
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from cdc_apply.model import RawMessage
 
@@ -30,7 +31,7 @@ def compression_of(head: bytes) -> str | None:
     return None
 
 
-def open_archive(path: str, s3: "S3Options | None" = None) -> BinaryIO:
+def open_archive(path: str, s3: S3Options | None = None) -> BinaryIO:
     """A binary stream of an archive file's stored bytes: a local path (or
     ``file:`` URI), or an ``s3://`` / ``s3a://`` object read with pyarrow
     (``s3``: the store's endpoint and region, from the driver)."""
@@ -44,7 +45,7 @@ def open_archive(path: str, s3: "S3Options | None" = None) -> BinaryIO:
 
 def local_path(uri: str) -> str:
     """``file:/x`` and ``file:///x`` -> ``/x``; anything else unchanged."""
-    return uri[len("file:"):] if uri.startswith("file:") and not uri.startswith("file://") else uri.removeprefix("file://")
+    return uri[len("file:") :] if uri.startswith("file:") and not uri.startswith("file://") else uri.removeprefix("file://")
 
 
 @dataclass(frozen=True)
@@ -84,13 +85,15 @@ def plan_pieces(path: str, piece_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> 
     return [Piece(start, end, first) for (start, first), end in zip(cuts, ends)]
 
 
-Source = Union[bytes, Callable[[], BinaryIO]]
+Source = bytes | Callable[[], BinaryIO]
 """A file's stored bytes, or a function opening them (a compressed file is read twice)."""
 _GZIP = 16 + zlib.MAX_WBITS
 _MEMBER_END = None  # marks a gzip member / zstd frame whose checks came out right
 
 
-def iter_lines(path: str, source: Source, chunk_bytes: int = CHUNK_BYTES, piece: Piece | None = None) -> Iterator[RawMessage | tuple[int, str, str]]:
+def iter_lines(
+    path: str, source: Source, chunk_bytes: int = CHUNK_BYTES, piece: Piece | None = None
+) -> Iterator[RawMessage | tuple[int, str, str]]:
     """Split a file into messages, 1-based line numbers, reading it in chunks
     (memory holds a chunk and the line being read, never the whole file).
 
@@ -123,7 +126,9 @@ def iter_lines(path: str, source: Source, chunk_bytes: int = CHUNK_BYTES, piece:
         yield from _split(path, _readable(_inflate(_chunks(stream.read(chunk_bytes), stream, chunk_bytes), codec), good), damage)
 
 
-def _split(path: str, chunks: Iterable[bytes], damage: str | None = None, first_line: int = 1) -> Iterator[RawMessage | tuple[int, str, str]]:
+def _split(
+    path: str, chunks: Iterable[bytes], damage: str | None = None, first_line: int = 1
+) -> Iterator[RawMessage | tuple[int, str, str]]:
     number = first_line - 1
     partial: list[bytes] = []  # the line being read, when it spans chunks
     for chunk in chunks:
@@ -151,7 +156,7 @@ def _split(path: str, chunks: Iterable[bytes], damage: str | None = None, first_
 
 def _message(path: str, number: int, raw: bytes) -> RawMessage | tuple[int, str, str] | None:
     if number == 1 and raw.startswith(UTF8_BOM):  # an encoding marker, not part of the first message
-        raw = raw[len(UTF8_BOM):]
+        raw = raw[len(UTF8_BOM) :]
     if raw.endswith(b"\r"):
         raw = raw[:-1]
     if not raw.strip():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from cdc_apply.archive.files import SUFFIXES, ArchiveFile, Known, hour_of, known_sha256, refuse_unread, unread_compression
 
@@ -42,7 +42,9 @@ def walk_files(root: Path) -> Iterator[Path]:
             yield Path(folder) / name
 
 
-def list_files(root: str | Path, *, until: dt.datetime | None = None, since: dt.datetime | None = None, known: Known | None = None) -> list[ArchiveFile]:
+def list_files(
+    root: str | Path, *, until: dt.datetime | None = None, since: dt.datetime | None = None, known: Known | None = None
+) -> list[ArchiveFile]:
     """Archive files under ``root`` whose hour is in [since, until), oldest first.
     ``s3://`` / ``s3a://`` roots are listed on the object store (same rules).
     Files in ``known`` with their recorded size keep their recorded SHA-256;
@@ -78,7 +80,7 @@ def local_hour(path: Path, root: Path | None = None) -> dt.datetime:
     """The hour of a local file: from its path below ``root`` (below its
     source folder: the last ``YYYY/MM/DD/HH`` wins), else its mtime."""
     relative = path.relative_to(root) if root is not None else path
-    return hour_of(relative.as_posix(), dt.datetime.fromtimestamp(path.stat().st_mtime, tz=dt.timezone.utc))
+    return hour_of(relative.as_posix(), dt.datetime.fromtimestamp(path.stat().st_mtime, tz=dt.UTC))
 
 
 def fingerprint(path: Path) -> ArchiveFile:

@@ -111,7 +111,7 @@ def list_object_files(
         readable = name.endswith(SUFFIXES)
         if (not readable and not unread_compression(name)) or name.startswith((".", "_")):
             continue
-        relative = info.path[len(prefix):].lstrip("/")
+        relative = info.path[len(prefix) :].lstrip("/")
         hour = hour_of(relative, info.mtime)
         if until is not None and hour >= until:
             continue
@@ -120,5 +120,7 @@ def list_object_files(
         if not readable:
             refuse_unread(f"{scheme}://{info.path}")
         path, size = f"{scheme}://{info.path}", int(info.size)
-        out.append(ArchiveFile(hour=hour, path=path, size=size, sha256=known_sha256(known, path, size) or sha256_of_object(filesystem, info.path)))
+        out.append(
+            ArchiveFile(hour=hour, path=path, size=size, sha256=known_sha256(known, path, size) or sha256_of_object(filesystem, info.path))
+        )
     return sorted(out)

@@ -35,4 +35,4 @@ def detect_format(first_messages: list[str]) -> Format | None:
     return None
 
 
-__all__ = ["DecodeContext", "Decoder", "decode_all", "decoder_class", "make_decoder", "detect_format"]
+__all__ = ["DecodeContext", "Decoder", "decode_all", "decoder_class", "detect_format", "make_decoder"]

@@ -16,8 +16,9 @@ job therefore share one semantics.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Iterator
+from typing import Any, ClassVar
 
 import orjson
 
@@ -80,7 +81,9 @@ class DecodeContext:
         """Column types for a message without a schema: the stored table's,
         overridden per column by the configured declaration; None if neither."""
         stored = self.stored_types.get(table.lower())
-        declared = next((self.declared_types[n] for n in (f"{database}.{schema}.{table}", f"{schema}.{table}", table) if n in self.declared_types), None)
+        declared = next(
+            (self.declared_types[n] for n in (f"{database}.{schema}.{table}", f"{schema}.{table}", table) if n in self.declared_types), None
+        )
         if stored is None and declared is None:
             return None
         return {**(stored or {}), **(declared or {})}

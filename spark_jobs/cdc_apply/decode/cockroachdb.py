@@ -295,7 +295,7 @@ def infer_type(value: Any) -> str | None:
     if isinstance(value, decimal.Decimal):
         if not value.is_finite():
             return "string"
-        sign, digits, exponent = value.as_tuple()
+        _sign, digits, exponent = value.as_tuple()
         scale = max(0, -int(exponent))
         int_digits = max(len(digits) + int(exponent), 0)
         if scale > 38 or int_digits + scale > 38:
@@ -575,17 +575,17 @@ class CockroachDbDecoder(Decoder):
         if source is not None:
             if not isinstance(source, dict):
                 raise DecodeError("enriched source is not an object")
-            parts.stamps.update(
-                {k: source[k] for k in ("mvcc_timestamp", "ts_hlc", "ts_ns") if source.get(k) is not None}
-            )
+            parts.stamps.update({k: source[k] for k in ("mvcc_timestamp", "ts_hlc", "ts_ns") if source.get(k) is not None})
             if source.get("table_name") not in (None, ""):
                 db, sch = source.get("database_name") or None, source.get("schema_name") or None
-                parts.tables.append(TableRef(
-                    None if db is None else check_identifier(db, "database"),
-                    None if sch is None else check_identifier(sch, "schema"),
-                    check_identifier(source["table_name"], "table"),
-                    "source",
-                ))
+                parts.tables.append(
+                    TableRef(
+                        None if db is None else check_identifier(db, "database"),
+                        None if sch is None else check_identifier(sch, "schema"),
+                        check_identifier(source["table_name"], "table"),
+                        "source",
+                    )
+                )
             pks = source.get("primary_keys")
             if pks is not None:
                 if not isinstance(pks, list) or not pks:
@@ -891,8 +891,10 @@ def _resolve_table(tables: list[TableRef], file: str = "") -> TableRef:
         )
     best = max(tables, key=lambda t: (t.database is not None) + (t.schema is not None))
     for t in tables:
-        if t.table != best.table or (t.database and best.database and t.database != best.database) or (
-            t.schema and best.schema and t.schema != best.schema
+        if (
+            t.table != best.table
+            or (t.database and best.database and t.database != best.database)
+            or (t.schema and best.schema and t.schema != best.schema)
         ):
             raise DecodeError(f"{t.origin} names table {t.qualified!r} but {best.origin} names {best.qualified!r}")
     return best
@@ -914,8 +916,7 @@ def _convert_image(img: dict[str, Any] | None, specs: dict[str, FieldSpec] | Non
     return out
 
 
-def _merge_key(row: dict[str, str | None], names: list[str], key_text: dict[str, str | None] | None,
-               what: str, table: TableRef) -> None:
+def _merge_key(row: dict[str, str | None], names: list[str], key_text: dict[str, str | None] | None, what: str, table: TableRef) -> None:
     """Make sure ``row`` holds the key; a key that disagrees with the row is an error."""
     for n in names:
         if key_text is not None:
@@ -926,8 +927,7 @@ def _merge_key(row: dict[str, str | None], names: list[str], key_text: dict[str,
             raise DecodeError(f"{what} of {table.qualified} has no value for key column {n!r}")
 
 
-def _inferred_columns(image: dict[str, str | None], raw: dict[str, Any] | None, names: list[str],
-                      values: list[Any] | None) -> list[Column]:
+def _inferred_columns(image: dict[str, str | None], raw: dict[str, Any] | None, names: list[str], values: list[Any] | None) -> list[Column]:
     raw = dict(raw or {})
     if values is not None:
         for n, v in zip(names, values):
@@ -952,7 +952,7 @@ def _sniff_obj(obj: Any, depth: int) -> bool:
             inner = orjson.loads(obj["value"]) if obj["value"].strip() else None
         except orjson.JSONDecodeError:
             return False
-        return inner is None and "table" in obj or _sniff_obj(inner, depth + 1)
+        return (inner is None and "table" in obj) or _sniff_obj(inner, depth + 1)
     payload = obj["payload"] if isinstance(obj.get("payload"), dict) else obj
     source = payload.get("source")
     if isinstance(source, dict) and source.get("origin") == "cockroachdb":

@@ -53,8 +53,9 @@ import decimal
 import functools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import orjson
 
@@ -80,9 +81,7 @@ from cdc_apply.model import (
 PLACEHOLDER = "__debezium_unavailable_value"
 PLACEHOLDER_B64 = base64.b64encode(PLACEHOLDER.encode()).decode("ascii")  # 'X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=='
 
-_WRAPPER_KEYS = frozenset(
-    {"key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "timestamp_type", "headers"}
-)
+_WRAPPER_KEYS = frozenset({"key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "timestamp_type", "headers"})
 _EPOCH = dt.datetime(1970, 1, 1)
 
 
@@ -118,7 +117,6 @@ def load_json(text: str | bytes, what: str = "message") -> Any:
 
 # --------------------------------------------------------------------------
 # Identifiers and small scalars
-
 
 
 def as_int(value: Any, what: str) -> int:
@@ -199,7 +197,8 @@ class FieldSpec:
 
 
 def field_spec(entry: dict[str, Any]) -> FieldSpec:
-    """Map one Connect field schema to a ``FieldSpec``.
+    """Map one Connect field schema to a ``FieldSpec``.  Long because it is
+    one table of Connect types and semantic names, read top to bottom.
 
     Accepts the JsonConverter form ``{"type", "optional", "field", "name",
     "parameters"}`` and the nested form some docs show
@@ -235,7 +234,11 @@ def field_spec(entry: dict[str, Any]) -> FieldSpec:
         return FieldSpec(col, decimal_type(p, scale), nullable, "decimal", literal, scale=scale, precision=p)
     if logical == "io.debezium.data.VariableScaleDecimal":
         return FieldSpec(
-            col, "string", nullable, "vsdecimal", literal,
+            col,
+            "string",
+            nullable,
+            "vsdecimal",
+            literal,
             note=f"{col}: VariableScaleDecimal carried as exact decimal text (type string)",
         )
     if logical in DATE_NAMES:
@@ -252,7 +255,11 @@ def field_spec(entry: dict[str, Any]) -> FieldSpec:
         return FieldSpec(col, _LITERAL_TYPES[literal], nullable, "plain", literal)
     what = f"{literal or '?'}" + (f" ({logical})" if logical else "")
     return FieldSpec(
-        col, "string", nullable, "json" if literal in ("struct", "array", "map") else "plain", literal,
+        col,
+        "string",
+        nullable,
+        "json" if literal in ("struct", "array", "map") else "plain",
+        literal,
         note=f"{col}: unsupported type {what} carried as text",
     )
 
@@ -545,34 +552,40 @@ def fast_converter(spec: FieldSpec) -> Callable[[Any], Any]:
     no call or dispatch per value."""
     t, kind, lit = spec.spark_type, spec.kind, spec.literal
     if kind == "plain" and t == "string":
+
         def conv(raw: Any) -> Any:
             if type(raw) is str and raw != PLACEHOLDER and (lit != "bytes" or raw != PLACEHOLDER_B64):
                 return raw
             return SLOW
+
         return conv
     if kind == "plain" and t in INT_RANGES:
         lo, hi = INT_RANGES[t]
 
         def conv(raw: Any) -> Any:
             return str(raw) if type(raw) is int and lo <= raw <= hi else SLOW
+
         return conv
     if kind == "plain" and t == "boolean":
+
         def conv(raw: Any) -> Any:
             if type(raw) is bool:
                 return "true" if raw else "false"
             return SLOW
+
         return conv
     if kind == "decimal" and spec.precision:
         limit, scale, col = 10**spec.precision, spec.scale, spec.name
 
         def conv(raw: Any) -> Any:
-            if type(raw) is not str or raw == PLACEHOLDER or raw == PLACEHOLDER_B64:
+            if type(raw) is not str or raw in (PLACEHOLDER, PLACEHOLDER_B64):
                 return SLOW
             try:
                 unscaled = _unscaled(raw, col)
             except DecodeError:
                 return SLOW
             return _scaled_text(unscaled, scale) if -limit < unscaled < limit else SLOW
+
         return conv
     if kind == "timestamp":
         units = spec.units
@@ -587,8 +600,10 @@ def fast_converter(spec: FieldSpec) -> Callable[[Any], Any]:
                 return timestamp_text(_EPOCH + dt.timedelta(microseconds=micros))
             except OverflowError:
                 return SLOW
+
         return conv
     if kind == "zoned":
+
         def conv(raw: Any) -> Any:
             # the form Debezium writes: UTC, 'T', 'Z', up to 6 fraction digits
             if type(raw) is not str or not _UTC_ISO.match(raw):
@@ -597,6 +612,7 @@ def fast_converter(spec: FieldSpec) -> Callable[[Any], Any]:
                 return timestamp_text(dt.datetime.fromisoformat(raw))
             except ValueError:
                 return SLOW
+
         return conv
     return _always_slow
 
@@ -797,9 +813,7 @@ def classify(rec: Record) -> str:
     schema_name = (rec.schema or {}).get("name") or ""
     if "op" in p:
         return "change"
-    if schema_name.endswith("TransactionMetadataValue") or (
-        p.get("status") in ("BEGIN", "END") and "id" in p
-    ):
+    if schema_name.endswith("TransactionMetadataValue") or (p.get("status") in ("BEGIN", "END") and "id" in p):
         return "transaction-marker"
     if "SchemaChange" in schema_name or "tableChanges" in p or ("databaseName" in p and "ddl" in p):
         return "schema-change"
@@ -1036,7 +1050,13 @@ def _spec_digits(spec: FieldSpec | None, raw: Any) -> Any:
     the SQL Server spec's schemaless payloads ``"pk": "1"``) is read as the
     integer; in a value typed by its own schema it must be a JSON integer
     (``check_json_type``)."""
-    if type(raw) is str and spec is not None and spec.kind == "plain" and spec.spark_type in INT_RANGES and re.fullmatch(r"[+-]?[0-9]+", raw):
+    if (
+        type(raw) is str
+        and spec is not None
+        and spec.kind == "plain"
+        and spec.spark_type in INT_RANGES
+        and re.fullmatch(r"[+-]?[0-9]+", raw)
+    ):
         return int(raw)
     return raw
 
@@ -1052,9 +1072,9 @@ def sniff_connector(text: str, connector: str) -> bool:
 
 
 __all__ = [
+    "NOT_PRESENT",
     "PLACEHOLDER",
     "PLACEHOLDER_B64",
-    "NOT_PRESENT",
     "DebeziumDecoder",
     "FieldSpec",
     "Record",

@@ -147,7 +147,6 @@ SIMPLE_TYPES = {
 # Small validators
 
 
-
 @overload
 def _int(value: Any, what: str, *, minimum: int = 0, optional: Literal[False] = False) -> int: ...
 @overload
@@ -401,9 +400,7 @@ class QlikDecoder(Decoder):
             key, version = self._schema_ids[ext]
             k_schema, k_table = orjson.loads(key)
             if table is not None and (k_schema, k_table) != (schema, table):
-                raise DecodeError(
-                    f"externalSchemaId {ext!r} belongs to {k_schema}.{k_table}, the message names {schema}.{table}"
-                )
+                raise DecodeError(f"externalSchemaId {ext!r} belongs to {k_schema}.{k_table}, the message names {schema}.{table}")
             return k_schema, k_table, version, self._tables[key][str(version)], []
         if table is None:
             if ext is not None:
@@ -446,7 +443,7 @@ class QlikDecoder(Decoder):
         resolved = self._resolve(body, headers)
         if resolved is None:
             return [Held("missing-table-metadata", file=msg.file, line=msg.line)]
-        schema, table, version, record, notes = resolved
+        schema, table, _version, record, notes = resolved
         notes = list(record["notes"]) + notes
         cols = record["columns"]
         max_ordinal = max(c["ordinal"] for c in cols)
@@ -482,18 +479,31 @@ class QlikDecoder(Decoder):
         if ts_text is not None:
             stamp = parse_iso_datetime(ts_text)
             if stamp.tzinfo is None:  # "the original change UTC timestamp"
-                stamp = stamp.replace(tzinfo=dt.timezone.utc)
+                stamp = stamp.replace(tzinfo=dt.UTC)
             commit_ts_us = epoch_micros(stamp)
 
         columns = [Column(c["name"], c["type"]) for c in cols]
 
-        def event(ev_op: Op, ev_after: dict[str, str | None], ev_before: dict[str, str | None] | None, k: str,
-                  extra: tuple[str, ...] = ()) -> ChangeEvent:
+        def event(
+            ev_op: Op, ev_after: dict[str, str | None], ev_before: dict[str, str | None] | None, k: str, extra: tuple[str, ...] = ()
+        ) -> ChangeEvent:
             return ChangeEvent(
-                format=Format.QLIK.value, database=None, schema=schema, table=table, op=ev_op,
-                key_columns=list(key_columns), after=ev_after, before=ev_before, position=f"{base_position}|{k}",
-                columns=columns, tx_id=tx_id, commit_ts_us=commit_ts_us, file=msg.file, line=msg.line,
-                notes=notes + list(extra), change_id=None if op is Op.READ else sequence,
+                format=Format.QLIK.value,
+                database=None,
+                schema=schema,
+                table=table,
+                op=ev_op,
+                key_columns=list(key_columns),
+                after=ev_after,
+                before=ev_before,
+                position=f"{base_position}|{k}",
+                columns=columns,
+                tx_id=tx_id,
+                commit_ts_us=commit_ts_us,
+                file=msg.file,
+                line=msg.line,
+                notes=notes + list(extra),
+                change_id=None if op is Op.READ else sequence,
             )
 
         if op is Op.DELETE:
@@ -501,10 +511,14 @@ class QlikDecoder(Decoder):
             self._require_key(image, key_columns, "DELETE")
             return [event(Op.DELETE, {}, image, "1")]
         self._require_key(after, key_columns, op_text.strip().upper())
-        if op is Op.UPDATE and before is not None and all(before.get(k) is not None for k in key_columns):
-            if any(before[k] != after[k] for k in key_columns):
-                note = ("primary-key change: delete of the old key + insert of the new key",)
-                return [event(Op.DELETE, {}, before, "0", note), event(Op.INSERT, after, None, "1", note)]
+        if (
+            op is Op.UPDATE
+            and before is not None
+            and all(before.get(k) is not None for k in key_columns)
+            and any(before[k] != after[k] for k in key_columns)
+        ):
+            note = ("primary-key change: delete of the old key + insert of the new key",)
+            return [event(Op.DELETE, {}, before, "0", note), event(Op.INSERT, after, None, "1", note)]
         return [event(op, after, before, "1")]
 
     # -- helpers -------------------------------------------------------------
@@ -561,4 +575,4 @@ class QlikDecoder(Decoder):
         return copy.deepcopy(self.ctx.state)
 
 
-__all__ = ["QlikDecoder", "mask_bits", "qlik_type", "unwrap", "REFRESH_SEQUENCE"]
+__all__ = ["REFRESH_SEQUENCE", "QlikDecoder", "mask_bits", "qlik_type", "unwrap"]

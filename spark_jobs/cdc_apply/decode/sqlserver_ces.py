@@ -94,9 +94,10 @@ import copy
 import datetime as dt
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Iterable, Literal, overload
+from typing import Any, Literal, overload
 
 import orjson
 
@@ -137,19 +138,15 @@ STATE_KEY = "sqlserver_ces"
 APPLIED_SPLITS_MAX = 10_000  # resolved split groups remembered across batches (a bounded memory)
 _NOT_SPLIT = re.compile(r'"splittotalcnt"\s*:\s*[01]\s*[,}]')  # inside data the quotes are escaped
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-_DATETIME = re.compile(
-    r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2})(:\d{2})?(?:\.(\d{1,9}))?\s*(Z|z|[+-]\d{2}:?\d{2})?$"
-)
+_DATETIME = re.compile(r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2})(:\d{2})?(?:\.(\d{1,9}))?\s*(Z|z|[+-]\d{2}:?\d{2})?$")
 
-_STRING_TYPES = {"char", "varchar", "nchar", "nvarchar", "text", "ntext", "sysname", "xml", "json",
-                 "uniqueidentifier", "time"}
+_STRING_TYPES = {"char", "varchar", "nchar", "nvarchar", "text", "ntext", "sysname", "xml", "json", "uniqueidentifier", "time"}
 _BINARY_TYPES = {"binary", "varbinary", "image", "rowversion", "timestamp"}
 _SAME_INT = {"bigint": "bigint", "int": "int", "smallint": "smallint", "tinyint": "smallint"}
 
 
 # --------------------------------------------------------------------------
 # Small pure helpers
-
 
 
 def spark_type(sql_type: Any) -> tuple[str, bool]:
@@ -203,8 +200,7 @@ def normalise_lsn(value: Any) -> str:
         text = text[2:]
     if ":" in text:
         parts = text.split(":")
-        if len(parts) != 3 or any(not p or not _HEX.match(p) for p in parts) or \
-                any(len(p) > w for p, w in zip(parts, (8, 8, 4))):
+        if len(parts) != 3 or any(not p or not _HEX.match(p) for p in parts) or any(len(p) > w for p, w in zip(parts, (8, 8, 4))):
             raise DecodeError(f"commitlsn {value!r} is not VLF:block:slot hex")
         text = parts[0].zfill(8) + parts[1].zfill(8) + parts[2].zfill(4)
     if len(text) != 20 or not _HEX.match(text):
@@ -254,7 +250,7 @@ def _timestamp_text(value: Any, spark: str, column: str, notes: list[str]) -> st
     try:
         stamp = dt.datetime.fromisoformat(iso)
         if stamp.tzinfo is not None:
-            stamp = stamp.astimezone(dt.timezone.utc).replace(tzinfo=None)
+            stamp = stamp.astimezone(dt.UTC).replace(tzinfo=None)
     except (ValueError, OverflowError) as exc:
         raise DecodeError(f"{value!r} is not a valid date-time: {exc}") from exc
     # isoformat, not strftime: strftime drops the zero padding of years < 1000
@@ -464,14 +460,27 @@ class SqlServerCesDecoder(Decoder):
         old = self._image(_json_object(row.get("old"), "eventrow.old"), cols, "old", notes)
         current = self._image(_json_object(row.get("current"), "eventrow.current"), cols, "current", notes)
 
-        def event(ev_op: Op, after: dict[str, str | None], before: dict[str, str | None] | None,
-                  extra: tuple[str, ...] = ()) -> ChangeEvent:
+        def event(
+            ev_op: Op, after: dict[str, str | None], before: dict[str, str | None] | None, extra: tuple[str, ...] = ()
+        ) -> ChangeEvent:
             return ChangeEvent(
-                format=self.format.value, database=database, schema=schema, table=table, op=ev_op,
-                key_columns=list(key_columns), after=after, before=before, position=position,
+                format=self.format.value,
+                database=database,
+                schema=schema,
+                table=table,
+                op=ev_op,
+                key_columns=list(key_columns),
+                after=after,
+                before=before,
+                position=position,
                 columns=[Column(n, s, nullable=n not in key_columns) for n, (_, s) in cols.items()],
-                tx_id=tx_id, commit_ts_us=commit_ts_us, file=msg.file, line=msg.line,
-                message_id=message_id, notes=notes + list(extra), change_id=message_id,
+                tx_id=tx_id,
+                commit_ts_us=commit_ts_us,
+                file=msg.file,
+                line=msg.line,
+                message_id=message_id,
+                notes=notes + list(extra),
+                change_id=message_id,
             )
 
         if op is Op.DELETE:
@@ -537,8 +546,10 @@ class SqlServerCesDecoder(Decoder):
                 normalise_lsn(tx["beginlsn"])  # validated only
             seq = _int(tx.get("sequencenumber"), "transaction.sequencenumber")
             if from_id is not None and from_id != (lsn, seq):
-                notes.append(f"logicalid position {from_id[0]}|{from_id[1]} disagrees with eventsource.transaction "
-                             f"{lsn}|{seq}; the transaction is used")
+                notes.append(
+                    f"logicalid position {from_id[0]}|{from_id[1]} disagrees with eventsource.transaction "
+                    f"{lsn}|{seq}; the transaction is used"
+                )
         elif from_id is not None:
             lsn, seq = from_id
         else:
@@ -558,8 +569,9 @@ class SqlServerCesDecoder(Decoder):
                 raise DecodeError(f"committime {stamp!r} is not a timestamp: {exc}") from exc
         return position, lsn, commit_ts_us
 
-    def _key(self, pkkey: Any, cols: dict[str, tuple[str, str]], database: str, schema: str, table: str,
-             notes: list[str]) -> tuple[list[str], dict[str, str]]:
+    def _key(
+        self, pkkey: Any, cols: dict[str, tuple[str, str]], database: str, schema: str, table: str, notes: list[str]
+    ) -> tuple[list[str], dict[str, str]]:
         """Key column names and, from pkkey, their canonical values."""
         if pkkey:
             if not isinstance(pkkey, list):
@@ -587,8 +599,7 @@ class SqlServerCesDecoder(Decoder):
         return list(configured), {}
 
     @staticmethod
-    def _image(raw: dict[str, Any], cols: dict[str, tuple[str, str]], what: str,
-               notes: list[str]) -> dict[str, str | None]:
+    def _image(raw: dict[str, Any], cols: dict[str, tuple[str, str]], what: str, notes: list[str]) -> dict[str, str | None]:
         """A row image: every declared column (absent -> NULL, noted); {} stays {}."""
         if not raw:
             return {}
@@ -611,8 +622,9 @@ class SqlServerCesDecoder(Decoder):
         if missing:
             raise DecodeError(f"eventrow.{what} has no value for key column(s) {missing}")
 
-    def _match_key(self, image: dict[str, str | None], pk_values: dict[str, str], key_columns: list[str],
-                   what: str, fill: bool = False) -> None:
+    def _match_key(
+        self, image: dict[str, str | None], pk_values: dict[str, str], key_columns: list[str], what: str, fill: bool = False
+    ) -> None:
         """Cross-check pkkey with the image (``fill``: an empty image takes the pkkey values)."""
         if fill and not image:
             image.update(pk_values)
@@ -653,10 +665,19 @@ class SqlServerCesDecoder(Decoder):
             groups.setdefault((source, logicalid), []).append((i, msg, env, seg))
         for (source, logicalid), members in groups.items():
             if (source, logicalid) in self._applied_splits:
-                results.update({i: [Skipped("duplicate-segment", msg.file, msg.line,
-                                            detail=f"{logicalid} segment {seg.index}: its message was "
-                                                   "reassembled in an earlier batch")]
-                                for i, msg, _, seg in members})
+                results.update(
+                    {
+                        i: [
+                            Skipped(
+                                "duplicate-segment",
+                                msg.file,
+                                msg.line,
+                                detail=f"{logicalid} segment {seg.index}: its message was reassembled in an earlier batch",
+                            )
+                        ]
+                        for i, msg, _, seg in members
+                    }
+                )
                 continue
             resolved = self._reassemble(logicalid, members)
             if not any(isinstance(o, Held) for outs in resolved.values() for o in outs):
@@ -664,8 +685,7 @@ class SqlServerCesDecoder(Decoder):
             results.update(resolved)
         return [o for i in sorted(results) for o in results[i]]
 
-    def _reassemble(self, logicalid: str, members: list[tuple[int, RawMessage, dict[str, Any], Segment]]
-                    ) -> dict[int, list[Outcome]]:
+    def _reassemble(self, logicalid: str, members: list[tuple[int, RawMessage, dict[str, Any], Segment]]) -> dict[int, list[Outcome]]:
         out: dict[int, list[Outcome]] = {}
         ids: set[str] = set()
         by_index: dict[int, tuple[int, RawMessage, dict[str, Any], Segment]] = {}
@@ -677,10 +697,10 @@ class SqlServerCesDecoder(Decoder):
             if seg.index in by_index:
                 first = by_index[seg.index]
                 if first[2]["data"] != env["data"]:
-                    return self._quarantine_group(members, f"split group {logicalid}: segment {seg.index} "
-                                                           f"arrived twice with different data")
-                out[i] = [Skipped("duplicate-segment", msg.file, msg.line,
-                                  detail=f"{logicalid} segment {seg.index}")]
+                    return self._quarantine_group(
+                        members, f"split group {logicalid}: segment {seg.index} arrived twice with different data"
+                    )
+                out[i] = [Skipped("duplicate-segment", msg.file, msg.line, detail=f"{logicalid} segment {seg.index}")]
                 continue
             by_index[seg.index] = (i, msg, env, seg)
         kept = [by_index[k] for k in sorted(by_index)]
@@ -701,8 +721,11 @@ class SqlServerCesDecoder(Decoder):
             return self._quarantine_group(members, reason)
         out[i0] = outcomes
         for i, msg, _, seg in kept[1:]:
-            out[i] = [Skipped("split-segment", msg.file, msg.line,
-                              detail=f"{logicalid} segment {seg.index}, reassembled at {msg0.file}:{msg0.line}")]
+            out[i] = [
+                Skipped(
+                    "split-segment", msg.file, msg.line, detail=f"{logicalid} segment {seg.index}, reassembled at {msg0.file}:{msg0.line}"
+                )
+            ]
         return out
 
     @staticmethod
@@ -732,8 +755,7 @@ class SqlServerCesDecoder(Decoder):
         return bool(finals) and indices == list(range(finals[0] + 1))
 
     @staticmethod
-    def _quarantine_group(members: list[tuple[int, RawMessage, dict[str, Any], Segment]],
-                          reason: str) -> dict[int, list[Outcome]]:
+    def _quarantine_group(members: list[tuple[int, RawMessage, dict[str, Any], Segment]], reason: str) -> dict[int, list[Outcome]]:
         return {i: [Quarantined(reason, msg.text, msg.file, msg.line)] for i, msg, _, _ in members}
 
 
@@ -769,4 +791,4 @@ def decode_all_deduped(decoder: Decoder, messages: Iterable[RawMessage]) -> list
     return dedupe_ids(decode_all(decoder, messages))
 
 
-__all__ = ["SqlServerCesDecoder", "dedupe_ids", "decode_all_deduped", "normalise_lsn", "spark_type", "cast_value"]
+__all__ = ["SqlServerCesDecoder", "cast_value", "decode_all_deduped", "dedupe_ids", "normalise_lsn", "spark_type"]

@@ -21,7 +21,8 @@ import functools
 import gc
 import heapq
 import pickle
-from typing import Any, Iterable, Iterator, Sequence, TypeVar
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -116,13 +117,33 @@ def outcome_row(o: Outcome, declared: set) -> tuple:
     a decoded row in the JVM."""
     if type(o) is ChangeEvent:
         return (
-            "event", None, o.file, o.line, None, o.database, o.schema, o.table,
+            "event",
+            None,
+            o.file,
+            o.line,
+            None,
+            o.database,
+            o.schema,
+            o.table,
             o.op.value if isinstance(o.op, Op) else str(o.op),
-            list(o.key_columns), o.after or {}, o.before, _declared_once(o, declared),
-            o.position, o.tx_id, o.commit_ts_us, o.message_id, list(o.notes) if o.notes else None, o.change_id,
+            list(o.key_columns),
+            o.after or {},
+            o.before,
+            _declared_once(o, declared),
+            o.position,
+            o.tx_id,
+            o.commit_ts_us,
+            o.message_id,
+            list(o.notes) if o.notes else None,
+            o.change_id,
         )
     if isinstance(o, Skipped):
-        values: dict[str, Any] = {"status": "skipped", "reason": o.reason, "position": o.position, "notes": [o.detail] if o.detail else None}
+        values: dict[str, Any] = {
+            "status": "skipped",
+            "reason": o.reason,
+            "position": o.position,
+            "notes": [o.detail] if o.detail else None,
+        }
     elif isinstance(o, Held):
         values = {"status": "held", "reason": o.reason, "message_id": o.group}
     elif isinstance(o, Quarantined):
@@ -146,7 +167,9 @@ def fast_batch(arrays: dict[str, pa.Array]) -> pa.RecordBatch:
     """The fast path's columns (``decode/fast_debezium.py``) as an outcome
     batch: the columns it does not fill are null."""
     rows = len(arrays["status"])
-    return pa.RecordBatch.from_arrays([arrays[f.name] if f.name in arrays else pa.nulls(rows, f.type) for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [arrays[f.name] if f.name in arrays else pa.nulls(rows, f.type) for f in ARROW_SCHEMA], schema=ARROW_SCHEMA
+    )
 
 
 def _file_messages(path: str, source: Source, piece: Piece | None = None) -> Iterator[RawMessage | Quarantined]:
@@ -257,6 +280,8 @@ def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str
     rows (``OUTCOME_DDL``).
 
     Returns the DataFrame and the decoder state to persist for the next batch.
+    Long because the driver pass and the task closure share the pickled
+    context built here.
     """
     slots = parallelism(spark)
     groups = file_groups(decode_units(files, slots), slots)
@@ -277,7 +302,9 @@ def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str
                         for msg in _file_messages(path, source, piece):
                             if isinstance(msg, RawMessage) and dec.needs_driver(msg):
                                 rows.append({"file": msg.file, "line": msg.line, "text": msg.text})
-                yield pa.RecordBatch.from_pylist(rows, schema=pa.schema([("file", pa.string()), ("line", pa.int64()), ("text", pa.string())]))
+                yield pa.RecordBatch.from_pylist(
+                    rows, schema=pa.schema([("file", pa.string()), ("line", pa.int64()), ("text", pa.string())])
+                )
 
         picked = tasks.mapInArrow(pick_driver_messages, "file string, line bigint, text string").orderBy("file", "line").collect()
         driver_outcomes = decoder.absorb([RawMessage(r.file, r.line, r.text) for r in picked])

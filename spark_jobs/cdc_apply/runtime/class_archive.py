@@ -26,8 +26,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from cdc_apply.config import spark_home
 
@@ -68,7 +68,9 @@ def loads(archive: Path) -> bool:
     its crash report (hs_err_pid*.log) into its working folder."""
     with tempfile.TemporaryDirectory() as scratch:
         try:
-            p = subprocess.run([java_binary(), f"-XX:SharedArchiveFile={archive}", "-version"], capture_output=True, text=True, timeout=120, cwd=scratch)
+            p = subprocess.run(
+                [java_binary(), f"-XX:SharedArchiveFile={archive}", "-version"], capture_output=True, text=True, timeout=120, cwd=scratch
+            )
         except (OSError, subprocess.TimeoutExpired):
             return False
     return p.returncode == 0 and "sharing" in p.stderr
@@ -90,7 +92,9 @@ def _take_lock(lock: Path) -> bool:
 
 
 @contextlib.contextmanager
-def driver_with_archive(conf: dict[str, str], jars: list[str], directory: Path, default_options: str, extra_options: str = "") -> Iterator[dict[str, str]]:
+def driver_with_archive(
+    conf: dict[str, str], jars: list[str], directory: Path, default_options: str, extra_options: str = ""
+) -> Iterator[dict[str, str]]:
     """The conf of one spark-submit job, its driver set to use the class
     archive, or to write it if there is none yet.
 

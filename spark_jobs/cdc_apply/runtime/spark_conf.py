@@ -118,8 +118,7 @@ def jar_paths(settings: Settings) -> list[Path]:
         path = settings.jars_dir / f"{artifact}-{version}.jar"
         if not path.exists():
             raise ConfigError(
-                f"missing jar {path}: run `./dev setup` (it fetches {coord} with Maven) "
-                "or set CDC_JARS_DIR to a folder holding it"
+                f"missing jar {path}: run `./dev setup` (it fetches {coord} with Maven) or set CDC_JARS_DIR to a folder holding it"
             )
         paths.append(path)
     return paths

@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from cdc_apply.config import Settings, pip_spark_home, spark_home
 from cdc_apply.runtime import class_archive
@@ -48,7 +48,9 @@ class SubmitSpec:
     def job_conf(self) -> Iterator[dict[str, str]]:
         """The conf of the job: its driver starts from the class archive of
         class_archive.py (or writes it)."""
-        with class_archive.driver_with_archive(dict(self.conf), list(self.jars), self.class_archive_dir, DRIVER_JAVA_OPTIONS, self.jvm_logging) as conf:
+        with class_archive.driver_with_archive(
+            dict(self.conf), list(self.jars), self.class_archive_dir, DRIVER_JAVA_OPTIONS, self.jvm_logging
+        ) as conf:
             yield conf
 
 

@@ -144,18 +144,17 @@ def test_accounting_adds_up(spark, settings, ns):
     assert sum(c[k] for k in ("inserted", "updated", "deleted", "noop_deletes", "superseded", "duplicates", "truncates")) == len(b)
 
 
-def test_event_without_a_key_value_fails_the_table_and_changes_nothing(spark, settings, ns):
+def test_event_without_a_key_value_is_quarantined_and_changes_nothing(spark, settings, ns):
     """A configured key the messages do not carry (here: a delete names only
-    ``id``, the key is ``name``) is a configuration error, not a NULL key."""
+    ``id``, the key is ``name``): that event is quarantined as ``null-key``
+    (file, line, reason) and deletes nothing; the table applies the rest
+    (issue 23: a keyless message never blocks the table)."""
     apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)], primary_keys={"items": ["name"]})
     r = apply_events(
         spark, settings, ns, [event("u", 2, {"name": "b", "amount": "2.00"}, pos=2), event("d", 1, pos=3)], primary_keys={"items": ["name"]}
     )
-    assert r.status == "failed"
-    t = r.tables[0]
-    assert t.status == "failed" and t.terminal
-    assert "1 event(s) carry no value for key column(s) ['name']" in t.message
-    assert rows(spark, settings, ns) == {"1": ("a", "1.00")}
+    assert r.messages.get("quarantined:null-key") == 1, r.messages
+    assert ("a", "1.00") in rows(spark, settings, ns).values()  # the keyless delete removed nothing
 
 
 # --- the MERGE's key range (merge.key_range_condition) -----------------------

@@ -48,8 +48,7 @@ def test_maintenance_skips_a_table_with_an_open_audit_branch(spark, settings):
 def test_a_batch_waits_while_maintenance_holds_the_table(spark, settings):
     import os
 
-    from cdc_apply.apply.merge import MAINTENANCE_BRANCH
-    from cdc_apply.maintenance import lock_key
+    from cdc_apply.apply.maintenance_lock import MAINTENANCE_BRANCH, lock_key
 
     ns = "maint_3"
     apply_events(spark, settings, ns, [event("c", 1, {"name": "x", "amount": "1.00"}, pos=1)])

@@ -142,13 +142,14 @@ def skip_batch(settings: Settings, source: SourceConfig, result: BatchResult, *,
     result.message = f"{result.describe_override()}; {len(result.files)} file(s) marked applied without applying them"
     result.started_at = dt.datetime.now(dt.UTC).isoformat()
     if not dry_run:
-        published = ledger.Ledger(settings).published_tables(source.namespace, result.id)
+        led = ledger.Ledger(settings)  # one catalog for the whole skip
+        published = led.published_tables(source.namespace, result.id)
         if published:  # a run applied it meanwhile (or before its finish recorded it): its files are applied
             raise TerminalError(f"batch {result.batch_id} is already published to {published} by a run: it cannot be skipped; nothing done")
-        dropped = ledger.Ledger(settings).drop_branches(source.namespace, ledger.audit_branch(result.id))
+        dropped = led.drop_branches(source.namespace, ledger.audit_branch(result.id))
         if dropped:
             result.message += f"; dropped audit branch of {dropped}"
-        ledger.Ledger(settings).record_batch(result)
+        led.record_batch(result)
     log.warning("batch %s: %s", result.batch_id, result.message)
     return result
 

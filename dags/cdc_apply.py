@@ -47,7 +47,7 @@ with DAG(
     def discover(params=None, data_interval_end=None, dag_run=None, ti=None):
         from airflow.sdk.exceptions import AirflowFailException
 
-        from cdc_airflow.discovery import discover as _discover
+        from cdc_airflow.tasks import discover as _discover
 
         manual = dag_run is not None and str(dag_run.run_type).endswith("manual")
         try:
@@ -80,7 +80,7 @@ with DAG(
 
     @task
     def tables(result_file):
-        from cdc_airflow.discovery import written_tables
+        from cdc_airflow.tasks import written_tables
 
         return written_tables(result_file)
 
@@ -98,7 +98,7 @@ with DAG(
 
         @task(outlets=[TABLES_ALIAS])
         def publish(result_file, table, outlet_events=None):
-            from cdc_airflow.discovery import publish_table
+            from cdc_airflow.tasks import publish_table
 
             return publish_table(result_file, table, outlet_events)
 
@@ -106,14 +106,14 @@ with DAG(
 
     @task(trigger_rule="all_done", retries=1)
     def finish(result_file):
-        from cdc_airflow.discovery import finish as _finish
+        from cdc_airflow.tasks import finish as _finish
 
         return _finish(result_file)
 
     @task(trigger_rule="all_done")
     def report(ti=None):
         """Summarises every run, a failed one too (with the next step)."""
-        from cdc_airflow.discovery import report as _report
+        from cdc_airflow.tasks import report as _report
 
         _report(ti.xcom_pull(task_ids="discover"))
 

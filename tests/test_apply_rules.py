@@ -512,3 +512,45 @@ def test_a_chain_of_key_changes_in_one_batch_carries_the_values_through(spark, s
     assert rows(spark, settings, ns) == {"9": ("big", "2.00")}
     assert r.tables[0].counts["key_changes_inherited"] == 2 and r.tables[0].counts["partial_inserts"] == 0
     check_model(spark, settings, ns, [first, chain])
+
+
+# A primary-key change whose halves, or whose old key's earlier events, reach
+# different batches (a transaction cut by an hour boundary, an hour delivered
+# late).  The reference model says what the new key must hold; the apply does
+# not hold it yet: the stored rows do not remember which key change made them
+# (docs/apply-semantics.md rule 3, "a known gap").  strict: each test fails the
+# run once the gap is closed, so the marker cannot outlive the fix.
+KEY_CHANGE_GAP = pytest.mark.xfail(
+    strict=True, reason="known gap (issue 17): a key change split across batches does not inherit; see docs/apply-semantics.md rule 3"
+)
+
+
+@KEY_CHANGE_GAP
+def test_key_change_whose_insert_half_arrives_first(spark, settings, ns):
+    first = [event("c", 7, {"name": "big", "amount": "1.00"}, pos=1)]
+    d, c = _moved(7, 107, {"amount": "2.00"}, pos=5)  # name left out (unchanged TOAST)
+    batches = [first, [c], [d]]  # the hour holding the delete half is delivered late
+    for b in batches:
+        assert apply_events(spark, settings, ns, b).status == "complete"
+    check_model(spark, settings, ns, batches)
+
+
+@KEY_CHANGE_GAP
+def test_key_change_whose_delete_half_arrives_first(spark, settings, ns):
+    first = [event("c", 7, {"name": "big", "amount": "1.00"}, pos=1)]
+    d, c = _moved(7, 107, {"amount": "2.00"}, pos=5)
+    batches = [first, [d], [c]]  # the hour ends between the two halves
+    for b in batches:
+        assert apply_events(spark, settings, ns, b).status == "complete"
+    check_model(spark, settings, ns, batches)
+
+
+@KEY_CHANGE_GAP
+def test_key_change_before_a_late_update_of_its_old_key(spark, settings, ns):
+    first = [event("c", 7, {"name": "big", "amount": "1.00"}, pos=1)]
+    late = [event("u", 7, {"name": "bigger"}, pos=3)]
+    moved = _moved(7, 107, {"amount": "2.00"}, pos=5)
+    batches = [first, moved, late]  # the hour holding the update is delivered after the key change's
+    for b in batches:
+        assert apply_events(spark, settings, ns, b).status == "complete"
+    check_model(spark, settings, ns, batches)

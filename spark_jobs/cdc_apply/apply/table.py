@@ -183,10 +183,11 @@ def _write(
     branches.reset_branch(spark, spec, branch)
     start_snapshot = branches.branch_snapshot(spark, spec, branch)
     main_df = branches.read_branch(spark, spec, "main")
-    attempt = uuid.uuid4().hex  # on every commit of this run: _own_head checks the branch holds only them
+    attempt = uuid.uuid4().hex  # on every commit of this run's write: _own_head checks the branch holds only them
     if truncs["n"]:
-        with branches.snapshot_properties(spark, {ATTEMPT_PROPERTY: attempt}):
-            merge.apply_truncate(spark, spec, branch, truncs["p"])
+        merge.apply_truncate(spark, spec, branch, truncs["p"])
+        # a delete of whole files commits without the session's snapshot properties: the write starts after it
+        start_snapshot = branches.branch_snapshot(spark, spec, branch)
     moved = None
     if meta["keyed_deletes"]:  # a primary-key change is a delete and an insert sharing a change_id
         prepared, moved = compact.inherit_moved_columns(prepared, branches.read_branch(spark, spec, branch), spec.key_columns, spec.columns)

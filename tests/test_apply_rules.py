@@ -554,3 +554,111 @@ def test_key_change_before_a_late_update_of_its_old_key(spark, settings, ns):
     for b in batches:
         assert apply_events(spark, settings, ns, b).status == "complete"
     check_model(spark, settings, ns, batches)
+
+
+def _batch_snapshots(spark, ident, batch_id):
+    return [
+        (r["operation"], r["summary"])
+        for r in spark.sql(
+            f"SELECT operation, summary FROM {ident}.snapshots WHERE summary['cdc.batch-id'] = '{batch_id}' ORDER BY committed_at"
+        ).collect()
+    ]
+
+
+def test_new_keys_are_appended_and_stored_keys_merged_in_one_batch(spark, settings, ns):
+    """Issue 20: keys the table holds (live or as a tombstone) go through the
+    MERGE; keys new to it are appended (no data file read or rewritten) —
+    tombstones of new keys, partial rows of new keys and a new key inserted
+    then deleted included — and the result is the reference model's."""
+    ident = f"{settings.catalog_name}.{ns}.items"
+    b1 = [
+        event("c", 1, {"name": "a", "amount": "1.00"}, pos=1),
+        event("c", 2, {"name": "b", "amount": "2.00"}, pos=2),
+        event("d", 2, pos=3),
+        event("c", 3, {"name": "c", "amount": "3.00"}, pos=4),
+    ]
+    apply_events(spark, settings, ns, b1)
+    b2 = [
+        event("u", 1, {"name": "a2"}, pos=10),  # stored live: partial update
+        event("c", 2, {"name": "revived", "amount": "2.50"}, pos=11),  # stored tombstone: revived
+        event("c", 10, {"name": "new", "amount": "10.00"}, pos=12),  # new, full
+        event("c", 11, {"name": "half"}, pos=13),  # new, partial: amount never set
+        event("c", 12, {"name": "gone", "amount": "1.00"}, pos=14),  # new, inserted then deleted
+        event("d", 12, pos=15),
+        event("d", 13, pos=16),  # new, delete only: a tombstone
+        event("u", 10, {"amount": "11.00"}, pos=17),  # new, two events folded
+    ]
+    r = apply_events(spark, settings, ns, b2)
+    assert r.status == "complete", r.message
+    c = r.tables[0].counts
+    assert (c["inserted"], c["updated"], c["noop_deletes"], c["keys"]) == (3, 1, 2, 6), c
+    assert rows(spark, settings, ns) == {
+        "1": ("a2", "1.00"),
+        "2": ("revived", "2.50"),
+        "3": ("c", "3.00"),
+        "10": ("new", "11.00"),
+        "11": ("half", None),
+    }
+    stored = {
+        r_["id"]: (r_["_cdc_deleted"], r_["_cdc_position"], r_["_cdc_col_pos"], r_["_cdc_batch_id"])
+        for r_ in spark.sql(f"SELECT * FROM {ident}").collect()
+    }
+    assert len(stored) == 7 and spark.table(ident).count() == 7  # no key twice
+    assert stored[11] == (False, f"{13:020d}", {"amount": ""}, r.batch_id)  # never set: lower than any position, may be filled
+    assert stored[12][:3] == (True, f"{15:020d}", {}) and stored[13][:3] == (True, f"{16:020d}", {})
+    assert stored[10][:3] == (False, f"{17:020d}", {"name": f"{12:020d}"})
+    assert stored[1][:3] == (False, f"{10:020d}", {"amount": f"{1:020d}"})
+    # one MERGE of the 2 stored keys, then one append of the 4 new keys (tombstones included), nothing else
+    snaps = _batch_snapshots(spark, ident, r.batch_id)
+    assert [op for op, _ in snaps] == ["overwrite", "append"], snaps
+    assert snaps[1][1]["added-records"] == "4" and "deleted-data-files" not in snaps[1][1], snaps
+    assert snaps[0][1]["spark.merge-into.num-target-rows-updated"] == "2", snaps
+    # a late event fills the column the new key's partial row never set; a late insert of the new tombstone stays out
+    b3 = [
+        event("c", 11, {"name": "old", "amount": "7.00"}, pos=5, file="/virtual/late"),
+        event("c", 13, {"name": "zombie", "amount": "1.00"}, pos=6, file="/virtual/late"),
+    ]
+    r3 = apply_events(spark, settings, ns, b3)
+    assert r3.status == "complete", r3.message
+    assert rows(spark, settings, ns)["11"] == ("half", "7.00") and "13" not in rows(spark, settings, ns)
+    check_model(spark, settings, ns, [b1, b2, b3])
+
+
+def test_a_batch_of_only_new_keys_is_one_append_and_of_only_stored_keys_one_merge(spark, settings, ns):
+    ident = f"{settings.catalog_name}.{ns}.items"
+    r1 = apply_events(spark, settings, ns, [event("c", k, {"name": "a", "amount": "1.00"}, pos=k) for k in range(1, 4)])
+    assert [op for op, _ in _batch_snapshots(spark, ident, r1.batch_id)] == ["append"]
+    r2 = apply_events(spark, settings, ns, [event("u", 2, {"name": "b"}, pos=10), event("d", 3, pos=11)])
+    assert [op for op, _ in _batch_snapshots(spark, ident, r2.batch_id)] == ["overwrite"]
+    assert rows(spark, settings, ns) == {"1": ("a", "1.00"), "2": ("b", "1.00")}
+
+
+def test_a_foreign_commit_between_a_runs_writes_fails_it_as_concurrent(spark, settings, ns, monkeypatch):
+    """The append of new keys validates nothing at commit: a run whose
+    branch holds another run's commit between its own (two runs of one batch)
+    fails transient, saying so, and a retry applies the batch once."""
+    from cdc_apply.apply import branches, merge, table
+
+    apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
+    real_append = merge.append_new_keys
+
+    def other_run_commits_first(spark_, spec, branch, source, batch_id):
+        key = "spark.sql.iceberg.snapshot-property." + table.ATTEMPT_PROPERTY
+        mine = spark_.conf.get(key)
+        spark_.conf.set(key, "another-run")
+        try:
+            branches.ledger_commit(spark_, spec, branch)
+        finally:
+            spark_.conf.set(key, mine)
+        real_append(spark_, spec, branch, source, batch_id)
+
+    monkeypatch.setattr(merge, "append_new_keys", other_run_commits_first)
+    batch = [event("u", 1, {"name": "b"}, pos=10), event("c", 2, {"name": "n", "amount": "2.00"}, pos=11)]
+    r = apply_events(spark, settings, ns, batch, batch_tag="race")
+    assert r.status == "failed" and not r.tables[0].terminal
+    assert "another run is applying batch" in r.tables[0].message, r.tables[0].message
+    monkeypatch.setattr(merge, "append_new_keys", real_append)
+    r2 = apply_events(spark, settings, ns, batch, batch_tag="race")
+    assert r2.status == "complete", r2.message
+    assert rows(spark, settings, ns) == {"1": ("b", "1.00"), "2": ("n", "2.00")}
+    assert spark.table(f"{settings.catalog_name}.{ns}.items").count() == 2

@@ -55,8 +55,8 @@ def test_duplicate_key_in_branch_fails_keeps_main_and_branch_then_fix_publishes_
     before = main_snapshot(spark, settings, ns)
     real_merge = merge.merge_changes
 
-    def merge_and_corrupt(spark_, spec, branch, source, batch_id, key_ranges=None):
-        real_merge(spark_, spec, branch, source, batch_id, key_ranges)
+    def merge_and_corrupt(spark_, spec, branch, source, batch_id, key_ranges=None, **split):
+        real_merge(spark_, spec, branch, source, batch_id, key_ranges, **split)
         spark_.sql(f"INSERT INTO {branches.branch_ref(spec, branch)} SELECT * FROM {spec.identifier} VERSION AS OF '{branch}' WHERE id = 2")
 
     monkeypatch.setattr(merge, "merge_changes", merge_and_corrupt)

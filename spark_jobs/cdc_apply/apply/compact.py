@@ -385,7 +385,8 @@ def _folded_columns(df: DataFrame, keys: list[str]) -> DataFrame:
 
 
 def merge_source(folded: DataFrame, key_cols: list[str], columns: dict[str, str]) -> DataFrame:
-    """Typed data columns for the MERGE; ``_cdc_present`` lists present columns."""
+    """Typed data columns for the MERGE; ``_cdc_present`` lists present columns;
+    ``_cdc_stored_pos`` is NULL for a key the branch does not hold."""
     data = [typed_value(F.col("_cdc_vals")[c], t).alias(c) for c, t in columns.items() if c not in key_cols]
     return folded.select(
         *[quote(k) for k in key_cols],
@@ -398,6 +399,7 @@ def merge_source(folded: DataFrame, key_cols: list[str], columns: dict[str, str]
         "_cdc_op",
         "_cdc_commit_ts",
         "_cdc_tx_id",
+        "_cdc_stored_pos",
     )
 
 
@@ -408,8 +410,11 @@ class Accounting(NamedTuple):
     null_keys: int
     """events without a value for a key column: the caller refuses the table"""
     key_ranges: dict[str, tuple]
-    """(lowest, highest) value of each key column among the batch's net changes,
-    for the MERGE to prune the target's files (merge.key_range_condition)"""
+    """(lowest, highest) value of each key column among the batch's net changes
+    of keys the branch holds (the MERGE's share: new keys are appended), for
+    the MERGE to prune the target's files (merge.key_range_condition)"""
+    new_keys: int
+    """net changes of keys the branch holds neither as a row nor as a tombstone"""
 
 
 def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], width: int | None = None) -> Accounting:
@@ -432,6 +437,7 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], widt
     by_label = {r["_cdc_label"]: r["n"] for r in per_label}
     lows, highs = [r["lo"] for r in per_label if r["lo"] is not None], [r["hi"] for r in per_label if r["hi"] is not None]
     null_keys = sum(r["null_keys"] for r in per_label)
+    stored = F.col("_cdc_stored_pos").isNotNull()
     agg = folded.agg(
         F.sum(F.when((F.col("_cdc_action") == "upsert") & ~F.col("_cdc_stored_live"), 1).otherwise(0)).alias("inserted"),
         F.sum(F.when((F.col("_cdc_action") == "upsert") & F.col("_cdc_stored_live"), 1).otherwise(0)).alias("updated"),
@@ -440,8 +446,9 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], widt
         F.sum(F.when(F.col("_cdc_action") == "fill", 1).otherwise(0)).alias("filled"),
         F.sum(F.col("_cdc_events") - 1).alias("compacted"),
         F.count(F.lit(1)).alias("keys"),
-        *[F.min(quote(k)).alias(f"_lo{i}") for i, k in enumerate(key_cols)],
-        *[F.max(quote(k)).alias(f"_hi{i}") for i, k in enumerate(key_cols)],
+        F.count(F.when(F.col("_cdc_stored_pos").isNull(), 1)).alias("_new_keys"),
+        *[F.min(F.when(stored, F.col(quote(k)))).alias(f"_lo{i}") for i, k in enumerate(key_cols)],
+        *[F.max(F.when(stored, F.col(quote(k)))).alias(f"_hi{i}") for i, k in enumerate(key_cols)],
     ).collect()[0]
     key_ranges = {k: (agg[f"_lo{i}"], agg[f"_hi{i}"]) for i, k in enumerate(key_cols) if agg[f"_lo{i}"] is not None}
     counts = {k: int(agg[k] or 0) for k in ("inserted", "updated", "deleted", "noop_deletes", "filled", "compacted", "keys")}
@@ -455,4 +462,4 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], widt
     final = counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop_deletes"] + counts["filled"]
     if not null_keys and applied_events != final + (counts["superseded"] - int(by_label.get(SUPERSEDED, 0))):
         raise AssertionError(f"accounting does not add up: {applied_events} events vs {counts}")
-    return Accounting(counts, min(lows, default=None), max(highs, default=None), null_keys, key_ranges)
+    return Accounting(counts, min(lows, default=None), max(highs, default=None), null_keys, key_ranges, int(agg["_new_keys"]))

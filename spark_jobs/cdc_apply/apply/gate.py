@@ -27,6 +27,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.window import Window
 
 from cdc_apply.apply.compact import META_POS, quote
 from cdc_apply.config import Settings
@@ -174,33 +175,34 @@ def reconcile(
     batch_keys = folded.select(*keys)
     if counts.get("keys", 0) <= BROADCAST_KEYS_MAX:
         batch_keys = F.broadcast(batch_keys)
-    # the branch's rows of the batch's keys: read once, used by every check below
+    # the branch's rows of the batch's keys, each with how many rows its key has
+    # there (a window over the key: the joins below are partitioned by it too)
+    per_key = Window.partitionBy(*keys)
     b = (
         branch.join(batch_keys, key_columns, "left_semi")
         .select(*keys, F.col("_cdc_position").alias("b_pos"), F.col("_cdc_deleted").alias("b_del"))
-        .persist()
+        .withColumn("b_rows", F.count(F.lit(1)).over(per_key))
+        .withColumn("b_nth", F.row_number().over(per_key.orderBy("b_pos")))
     )
-    try:
-        duplicated = b.groupBy(*keys).count().where(F.col("count") > 1).count()
-        if duplicated:
-            failed.append(f"reconcile_key_unique(keys={duplicated})")
-        m = main.join(batch_keys, key_columns, "left_semi").select(*keys, F.col("_cdc_position").alias("m_pos"))
-        f = folded.select(*keys, "_cdc_action", F.col(META_POS).alias("f_pos"))
-        # every branch row of b has a batch key: one pass over batch ⟕ branch ⟕ main judges the rest
-        bad = (
-            f.join(b, key_columns, "left")
-            .join(m, key_columns, "left")
-            .agg(
-                _rows(F.col("b_pos") < F.col("m_pos")).alias("regressed"),
-                _rows((F.col("_cdc_action") == "delete") & (F.col("b_del") == F.lit(False))).alias("deleted_present"),
-                _rows(
-                    (F.col("_cdc_action") == "upsert") & (F.col("b_del").isNull() | F.col("b_del") | (F.col("b_pos") != F.col("f_pos")))
-                ).alias("upsert_missing"),
-            )
-            .collect()[0]
+    m = main.join(batch_keys, key_columns, "left_semi").select(*keys, F.col("_cdc_position").alias("m_pos"))
+    f = folded.select(*keys, "_cdc_action", F.col(META_POS).alias("f_pos"))
+    # every branch row of b has a batch key, and folded has each batch key once:
+    # one pass over batch ⟕ branch ⟕ main judges every check but the live-row count
+    bad = (
+        f.join(b, key_columns, "left")
+        .join(m, key_columns, "left")
+        .agg(
+            _rows((F.col("b_rows") > 1) & (F.col("b_nth") == 1)).alias("duplicated"),
+            _rows(F.col("b_pos") < F.col("m_pos")).alias("regressed"),
+            _rows((F.col("_cdc_action") == "delete") & (F.col("b_del") == F.lit(False))).alias("deleted_present"),
+            _rows(
+                (F.col("_cdc_action") == "upsert") & (F.col("b_del").isNull() | F.col("b_del") | (F.col("b_pos") != F.col("f_pos")))
+            ).alias("upsert_missing"),
         )
-    finally:
-        b.unpersist()
+        .collect()[0]
+    )
+    if bad["duplicated"]:
+        failed.append(f"reconcile_key_unique(keys={bad['duplicated']})")
     if bad["regressed"]:
         failed.append(f"reconcile_no_position_regression(rows={bad['regressed']})")
     if bad["deleted_present"]:

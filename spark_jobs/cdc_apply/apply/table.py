@@ -183,8 +183,11 @@ def _write(
     branches.reset_branch(spark, spec, branch)
     start_snapshot = branches.branch_snapshot(spark, spec, branch)
     main_df = branches.read_branch(spark, spec, "main")
+    attempt = uuid.uuid4().hex  # on every commit of this run's write: _own_head checks the branch holds only them
     if truncs["n"]:
         merge.apply_truncate(spark, spec, branch, truncs["p"])
+        # a delete of whole files commits without the session's snapshot properties: the write starts after it
+        start_snapshot = branches.branch_snapshot(spark, spec, branch)
     moved = None
     if meta["keyed_deletes"]:  # a primary-key change is a delete and an insert sharing a change_id
         prepared, moved = compact.inherit_moved_columns(prepared, branches.read_branch(spark, spec, branch), spec.key_columns, spec.columns)
@@ -198,10 +201,9 @@ def _write(
     labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at, prune_state=prune).persist()
     folded = compact.fold_per_key(labelled, spec.key_columns).persist()
     try:
-        counts, tr.position_min, tr.position_max, null_keys, key_ranges = compact.accounting(
-            labelled, folded, spec.key_columns, len(spec.columns)
-        )
-        if null_keys:  # rare: quarantine them, apply the rest (a missing key never blocks the source)
+        acc = compact.accounting(labelled, folded, spec.key_columns, len(spec.columns))
+        counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
+        if acc.null_keys:  # rare: quarantine them, apply the rest (a missing key never blocks the source)
             keyless = _quarantine_keyless(work, spec, rows)
             labelled.unpersist()
             folded.unpersist()
@@ -210,9 +212,8 @@ def _write(
                 compact.label_duplicates(prepared, spec.key_columns), state, spec.key_columns, truncated_at, prune_state=prune
             ).persist()
             folded = compact.fold_per_key(labelled, spec.key_columns).persist()
-            counts, tr.position_min, tr.position_max, _, key_ranges = compact.accounting(
-                labelled, folded, spec.key_columns, len(spec.columns)
-            )
+            acc = compact.accounting(labelled, folded, spec.key_columns, len(spec.columns))
+            counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
             counts["quarantined"] = keyless
             if keyless > work.source.quarantine_max_share * n_events:
                 tr.failed_expectations.append(
@@ -237,14 +238,25 @@ def _write(
         # a file with held messages is not applied to the table until they are (held.py)
         applied = [f.as_dict() for f in new_files if f.path not in work.held_files]
         props = ledger.summary_properties(work.batch_id, applied, position_max=tr.position_max, truncated_at=truncated_at, counts=counts)
-        attempt = props[ATTEMPT_PROPERTY] = uuid.uuid4().hex
+        props[ATTEMPT_PROPERTY] = attempt
         with branches.snapshot_properties(spark, props):
             source_df = compact.merge_source(folded, spec.key_columns, spec.columns)
-            merge.merge_changes(spark, spec, branch, source_df, work.batch_id, key_ranges)
-            if branches.branch_snapshot(spark, spec, branch) == start_snapshot or truncs["n"]:
+            merge.merge_changes(
+                spark,
+                spec,
+                branch,
+                source_df,
+                work.batch_id,
+                acc.key_ranges,
+                new_keys=acc.new_keys,
+                stored_keys=counts["keys"] - acc.new_keys,
+            )
+            # a net change always commits (a stored key's has another position than the
+            # stored row: it matches; a new key's is appended); none: the ledger alone
+            if not counts["keys"] or truncs["n"]:
                 branches.ledger_commit(spark, spec, branch)
         tr.branch = branch
-        tr.branch_snapshot = _own_head(spark, spec, branch, attempt, work.batch_id)
+        tr.branch_snapshot = _own_head(spark, spec, branch, attempt, work.batch_id, start_snapshot)
         tr.key_columns = spec.key_columns
         # reconciliation needs the folded batch: computed now, judged by the gate
         tr.failed_expectations += gate.reconcile(
@@ -380,18 +392,26 @@ def _conflict_check(labelled: DataFrame, key_columns: list[str], n: int) -> str:
     return f"equal_position_conflict(events={n}: different events of one key at one source position, not applied; e.g. {where})"
 
 
-def _own_head(spark: SparkSession, spec: tables.TableSpec, branch: str, attempt: str, batch_id: str) -> int:
-    """The branch head, checked to be this run's own commit (its attempt id in
-    the snapshot summary): another run of the batch may have reset the branch."""
+def _own_head(spark: SparkSession, spec: tables.TableSpec, branch: str, attempt: str, batch_id: str, start: int | None) -> int:
+    """The branch head, checked to be this run's own commit and every commit
+    between it and ``start`` (the branch as this run created it) too (their
+    attempt id in the snapshot summary): another run of the batch may have
+    reset the branch or committed in between.  The append of new keys
+    (merge.append_new_keys) validates nothing at commit, so a run whose
+    append landed on another run's commits fails here."""
     head = branches.branch_snapshot(spark, spec, branch)
-    rows = (
-        []
-        if head is None
-        else spark.sql(
-            f"SELECT summary['{ATTEMPT_PROPERTY}'] AS a FROM {spec.identifier}.snapshots WHERE snapshot_id = {int(head)}"
-        ).collect()
-    )
-    if head is None or not rows or rows[0]["a"] != attempt:
+    snaps = {
+        r["snapshot_id"]: (r["parent_id"], r["a"])
+        for r in spark.sql(f"SELECT snapshot_id, parent_id, summary['{ATTEMPT_PROPERTY}'] AS a FROM {spec.identifier}.snapshots").collect()
+    }
+    own, at = head is not None and head != start, head
+    while own and at != start:
+        parent, a = snaps.get(at, (None, None))
+        own = a == attempt
+        at = parent
+        if at is None and start is not None:
+            own = False
+    if not own or head is None:
         raise ConcurrentApply(
             f"another run is applying batch {batch_id} to {spec.identifier} at the same time (the head {head} of branch {branch!r} "
             "is not this run's write); retry: the retry applies what is left, exactly once"

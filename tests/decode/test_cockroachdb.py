@@ -748,3 +748,22 @@ def test_a_file_of_only_refusals_longer_than_the_buffer_is_refused_without_holdi
     out = by_line(file_outcomes("long.jsonl", objs))
     assert all(out[n].reason.startswith(CONFIG_REFUSED_PREFIX + "no position") for n in range(1, 6))
     assert isinstance(out[6], ChangeEvent)
+
+
+def test_a_bare_key_array_among_messages_with_row_images_is_a_damaged_message() -> None:
+    """A key_only changefeed writes bare key arrays on every line: one array
+    line in a file of wrapped messages (found by the nemesis: a message
+    wrapped in brackets) is damaged, quarantined; a file of arrays only is
+    still refused.  A wrapper with a key and no value stays a refusal
+    everywhere: it can be an envelope=row delete (the source option decides)."""
+    objs = [wrapped(), [wrapped(key=[2], after={"id": 2})], ["boston", 7]]
+    out = by_line(file_outcomes("k.jsonl", objs))
+    assert isinstance(out[1], ChangeEvent)
+    for n in (2, 3):
+        assert out[n].reason.startswith("DecodeError: damaged message") and "row image" in out[n].reason, out[n].reason
+    out = file_outcomes("keys.jsonl", [["boston", 7], ["boston", 8]])
+    assert len(out) == 2 and all(o.reason.startswith(CONFIG_REFUSED_PREFIX) and "key_only" in o.reason for o in out)
+    out = by_line(
+        file_outcomes("w.jsonl", [{"topic": "items", "key": "[1]", "value": wrapped()}, {"topic": "items", "key": "[2]", "value": ""}])
+    )
+    assert isinstance(out[1], ChangeEvent) and out[2].reason.startswith(CONFIG_REFUSED_PREFIX) and "`envelope: row`" in out[2].reason

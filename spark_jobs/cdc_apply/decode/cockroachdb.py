@@ -87,8 +87,9 @@ messages one by one; their reasons carry no message values so that they group.
 
 A changefeed writes its table and HLC fields on every message or on none
 (they are changefeed options), so a message without them is a configuration
-mismatch only when its file has them nowhere.  ``decode_file`` judges each
-such message by the rest of its file (or piece of a file): when another
+mismatch only when its file has them nowhere; so is the envelope (a bare key
+array, as only a key_only changefeed writes, among object messages is
+damaged).  ``decode_file`` judges each such message by the rest of its file (or piece of a file): when another
 message of the file names its table, or another message of the same table
 (of the file, for a message without a table) has an HLC, the message is
 damaged and quarantined (``damaged message: ...``, its file and line), and
@@ -155,6 +156,7 @@ DAMAGED_REASON = (
 MISSING_WHAT = {
     "table": "table (topic, __crdb__.topic, source.table_name or the archive wrapper's topic/table)",
     "HLC": "HLC (mvcc_timestamp, updated or source.ts_hlc/ts_ns)",
+    "row image": "row image (it is a bare JSON array, as only a key_only changefeed writes)",
 }
 INFERRED_NOTE = "no schema: column types inferred from JSON values"
 NO_DELETE_NOTE = "{env} envelope: deletes cannot be told from upserts; prefer envelope=wrapped or enriched"
@@ -404,8 +406,9 @@ class Hints:
 
 
 class MissingFields(ConfigRefused):
-    """A message without its table and / or HLC: a configuration refusal, unless
-    other messages of its file carry them (``CockroachDbDecoder.decode_file``)."""
+    """A message without its table and / or HLC, or a bare key array (no row
+    image): a configuration refusal, unless other messages of its file carry
+    them (``CockroachDbDecoder.decode_file``)."""
 
     def __init__(self, text: str, missing: tuple[str, ...], table: TableRef | None) -> None:
         super().__init__(text)
@@ -431,23 +434,25 @@ class _Refusal:
 
 @dataclass
 class _Evidence:
-    """What the messages of one file read so far carry: a table of their own,
-    and the tables (None: any) with an HLC."""
+    """What the messages of one file read so far carry: a row image (an object
+    envelope), a table of their own, and the tables (None: any) with an HLC."""
 
+    rows: bool = False
     table: bool = False
     hlc_tables: set[str | None] = field(default_factory=set)
     version: int = 0
 
     def saw(self, table: TableRef | None, hlc: bool) -> None:
-        before = (self.table, len(self.hlc_tables))
+        before = (self.rows, self.table, len(self.hlc_tables))
+        self.rows = True  # only a message with an object envelope is looked at
         self.table = self.table or table is not None
         if hlc:
             self.hlc_tables.update({None} if table is None else {None, table.table})
-        if (self.table, len(self.hlc_tables)) != before:
+        if (self.rows, self.table, len(self.hlc_tables)) != before:
             self.version += 1
 
     def covers(self, r: _Refusal) -> bool:
-        if "table" in r.missing and not self.table:
+        if ("table" in r.missing and not self.table) or ("row image" in r.missing and not self.rows):
             return False
         return "HLC" not in r.missing or r.table in self.hlc_tables
 
@@ -621,8 +626,8 @@ class CockroachDbDecoder(Decoder):
         return out
 
     def _decode_one(self, obj: Any, msg: RawMessage, hints: Hints) -> Outcome:
-        if isinstance(obj, list):
-            raise ConfigRefused(KEY_ONLY_ARRAY_REASON)
+        if isinstance(obj, list):  # a key_only message, or a damaged line among messages with row images
+            raise MissingFields(KEY_ONLY_ARRAY_REASON, ("row image",), None)
         if not isinstance(obj, dict):
             raise DecodeError(f"message is not a JSON object: {type(obj).__name__}")
         if _is_wrapper(obj):

@@ -754,8 +754,10 @@ def test_a_bare_key_array_among_messages_with_row_images_is_a_damaged_message() 
     """A key_only changefeed writes bare key arrays on every line: one array
     line in a file of wrapped messages (found by the nemesis: a message
     wrapped in brackets) is damaged, quarantined; a file of arrays only is
-    still refused.  A wrapper with a key and no value stays a refusal
-    everywhere: it can be an envelope=row delete (the source option decides)."""
+    still refused.  So is a Kafka-archived key with an empty value among
+    wrapped or enriched messages of its table (their deletes are never an
+    empty value); among row-envelope messages, or alone, it stays a refusal:
+    it can be an envelope=row delete (the source option decides)."""
     objs = [wrapped(), [wrapped(key=[2], after={"id": 2})], ["boston", 7]]
     out = by_line(file_outcomes("k.jsonl", objs))
     assert isinstance(out[1], ChangeEvent)
@@ -763,7 +765,11 @@ def test_a_bare_key_array_among_messages_with_row_images_is_a_damaged_message() 
         assert out[n].reason.startswith("DecodeError: damaged message") and "row image" in out[n].reason, out[n].reason
     out = file_outcomes("keys.jsonl", [["boston", 7], ["boston", 8]])
     assert len(out) == 2 and all(o.reason.startswith(CONFIG_REFUSED_PREFIX) and "key_only" in o.reason for o in out)
-    out = by_line(
-        file_outcomes("w.jsonl", [{"topic": "items", "key": "[1]", "value": wrapped()}, {"topic": "items", "key": "[2]", "value": ""}])
-    )
-    assert isinstance(out[1], ChangeEvent) and out[2].reason.startswith(CONFIG_REFUSED_PREFIX) and "`envelope: row`" in out[2].reason
+    key_only = {"topic": "items", "key": "[2]", "value": ""}
+    out = by_line(file_outcomes("w.jsonl", [{"topic": "items", "key": "[1]", "value": wrapped()}, key_only]))
+    assert isinstance(out[1], ChangeEvent) and out[2].reason.startswith("DecodeError: damaged message") and "empty value" in out[2].reason
+    arrival = DecodeContext(primary_keys={"items": ["id"]}, options={"ordering": "arrival"})
+    row = {"topic": "items", "key": "[1]", "value": json.dumps({"id": 1, "name": "a"})}
+    for objs in ([row, key_only], [key_only], [{"topic": "orders", "key": "[1]", "value": wrapped(topic="orders")}, key_only]):
+        out = file_outcomes("r.jsonl", objs, arrival)
+        assert "`envelope: row`" in out[-1].reason and out[-1].reason.startswith(CONFIG_REFUSED_PREFIX), (objs, out[-1])

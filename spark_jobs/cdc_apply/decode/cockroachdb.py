@@ -157,6 +157,7 @@ MISSING_WHAT = {
     "table": "table (topic, __crdb__.topic, source.table_name or the archive wrapper's topic/table)",
     "HLC": "HLC (mvcc_timestamp, updated or source.ts_hlc/ts_ns)",
     "row image": "row image (it is a bare JSON array, as only a key_only changefeed writes)",
+    "value": "value (a key with an empty value, as only a key_only changefeed or an envelope=row delete writes)",
 }
 INFERRED_NOTE = "no schema: column types inferred from JSON values"
 NO_DELETE_NOTE = "{env} envelope: deletes cannot be told from upserts; prefer envelope=wrapped or enriched"
@@ -440,19 +441,25 @@ class _Evidence:
     rows: bool = False
     table: bool = False
     hlc_tables: set[str | None] = field(default_factory=set)
+    enveloped: set[str] = field(default_factory=set)
+    """tables with a wrapped, enriched or bare message (a changefeed whose deletes are never an empty value)"""
     version: int = 0
 
-    def saw(self, table: TableRef | None, hlc: bool) -> None:
-        before = (self.rows, self.table, len(self.hlc_tables))
+    def saw(self, table: TableRef | None, hlc: bool, envelope: str) -> None:
+        before = (self.rows, self.table, len(self.hlc_tables), len(self.enveloped))
         self.rows = True  # only a message with an object envelope is looked at
         self.table = self.table or table is not None
         if hlc:
             self.hlc_tables.update({None} if table is None else {None, table.table})
-        if (self.rows, self.table, len(self.hlc_tables)) != before:
+        if table is not None and envelope != "row":
+            self.enveloped.add(table.table)
+        if (self.rows, self.table, len(self.hlc_tables), len(self.enveloped)) != before:
             self.version += 1
 
     def covers(self, r: _Refusal) -> bool:
         if ("table" in r.missing and not self.table) or ("row image" in r.missing and not self.rows):
+            return False
+        if "value" in r.missing and (r.table is None or r.table not in self.enveloped):
             return False
         return "HLC" not in r.missing or r.table in self.hlc_tables
 
@@ -661,8 +668,8 @@ class CockroachDbDecoder(Decoder):
         if value is None:
             if key is not None and self.ctx.options.get("envelope") == "row":
                 return self._event(_row_delete(hints), msg, hints)
-            if key is not None:
-                raise ConfigRefused(KEY_ONLY_REASON)
+            if key is not None:  # key_only, an envelope=row delete, or damaged among its table's wrapped messages
+                raise MissingFields(KEY_ONLY_REASON, ("value",), hints.table)
             raise DecodeError("archive wrapper without key or value: nothing to decode")
         if isinstance(value, dict) and (_is_wrapper(value) or _is_batch(value)):
             raise DecodeError("archive wrapper value is itself a wrapper or batch")
@@ -809,7 +816,7 @@ class CockroachDbDecoder(Decoder):
         except DecodeError as exc:
             problems.append(exc)
         if self._evidence is not None:  # what this message carries, for the file's other messages
-            self._evidence.saw(table if "table" not in missing else None, ordering == "log" and position is not None)
+            self._evidence.saw(table if "table" not in missing else None, ordering == "log" and position is not None, parts.envelope)
         if problems:
             prefix = "" if parts.envelope != "row" else "no changefeed metadata (treated as envelope=row): "
             text = prefix + "; ".join(map(str, problems))

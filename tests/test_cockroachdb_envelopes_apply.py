@@ -188,6 +188,31 @@ def test_configuration_refusal_fails_the_batch_once(spark, source, case, options
     assert len(pending_files(s, get_source(s, name))) >= 1  # nothing marked applied: the files wait for the fix
 
 
+def test_a_damaged_message_among_good_ones_is_quarantined_and_the_batch_completes(spark, source):
+    """Issue 18's known gap: a Kafka-archived line that lost its topic, and one
+    that lost its updated HLC, in a file whose other messages carry both, are
+    damaged messages: quarantined (file, line, a reason saying what is
+    missing), the good lines applied, the batch complete.  Before, each was a
+    configuration refusal and failed the whole batch."""
+    s, name, root = source(quarantine_max_share=0.5)
+
+    def line(i: int, **drop) -> str:
+        msg = {"after": {"id": i, "name": f"n{i}"}, "key": [i], "topic": "items", "updated": f"17000000000000000{i:02d}.0000000000"}
+        return json.dumps({k: v for k, v in msg.items() if k not in drop})
+
+    path = root / "kafka" / "part-0.jsonl"
+    write_jsonl(path, [line(1), line(2, topic=1), line(3), line(4, updated=1), line(5)])
+    result = run_batch(s, name, spark=spark)
+    assert result.status == "complete", result.to_json()
+    assert result.messages == {"read": 5, "event": 3, "quarantined": 2, "quarantined:damaged-message": 2}, result.messages
+    assert rows(spark, s, name, "items", {"id": "bigint", "name": "string"}) == {(str(i),): {"name": f"n{i}"} for i in (1, 3, 5)}
+    got = spark.sql(f"SELECT file, line, reason FROM {s.catalog_name}.cdc_audit.quarantine WHERE source = '{name}' ORDER BY line").collect()
+    assert [(r.file, r.line) for r in got] == [(str(path), 2), (str(path), 4)]
+    assert "has no table" in got[0].reason and "has no HLC" in got[1].reason
+    assert all("other messages of this file carry them" in r.reason for r in got)
+    assert not pending_files(s, get_source(s, name))
+
+
 def test_ordering_and_envelope_options_are_checked_once_at_load(settings, tmp_path):
     import dataclasses
 

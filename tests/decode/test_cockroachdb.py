@@ -662,3 +662,114 @@ def test_hlc_orders_two_events_of_one_key_by_wall_then_logical() -> None:
     ordered = sorted(evs, key=lambda e: e.position)
     assert [e.after["name"] for e in ordered] == [stamps[3], stamps[1], stamps[2], stamps[0]]
     assert len({e.position for e in evs}) == 4 and {tuple(e.key_columns) for e in evs} == {("id",)}
+
+
+# --------------------------------------------------------------------------
+# A damaged message among good ones (issue 18's known gap): quarantined, not a refusal
+
+
+def file_outcomes(name: str, objs: list[Any], ctx: DecodeContext | None = KEYED) -> list[Any]:
+    """Decode ``objs`` as the lines 1.. of one archive file, as the job does (``decode_all``)."""
+    msgs = [RawMessage(name, i, o if isinstance(o, str) else json.dumps(o)) for i, o in enumerate(objs, 1)]
+    return list(decode_all(CockroachDbDecoder(ctx), msgs))
+
+
+def by_line(outcomes: list[Any]) -> dict[int, Any]:
+    out: dict[int, Any] = {}
+    for o in outcomes:
+        assert o.line not in out, f"line {o.line} has two outcomes"
+        out[o.line] = o
+    return out
+
+
+def test_a_message_that_lost_its_table_or_hlc_among_good_ones_is_quarantined_naming_what_it_lost() -> None:
+    """A Kafka archive file whose messages carry topic and updated: a line that
+    lost them is damaged, not a changefeed without them; it is quarantined
+    (file, line, a reason saying what is missing and that the rest of the file
+    has it), the others decode, wherever the damaged line sits (first too)."""
+    objs = [
+        wrapped(updated=...),  # line 1: no HLC, before any good line
+        wrapped(),
+        wrapped(topic=...),  # no table
+        wrapped(key=[2], after={"id": 2, "name": "b"}),
+        {"id": 3, "name": "c"},  # lost every field but the row: read as envelope=row, nothing to place it with
+        wrapped(topic=..., updated=...),  # neither
+    ]
+    out = by_line(file_outcomes("kafka/2026/01/01/00/part-0.jsonl", objs))
+    assert {n for n, o in out.items() if isinstance(o, ChangeEvent)} == {2, 4}
+    for n, missing in ((1, "HLC"), (3, "table"), (5, "table"), (5, "HLC"), (6, "table"), (6, "HLC")):
+        q = out[n]
+        assert isinstance(q, Quarantined), (n, q)
+        assert not q.reason.startswith(CONFIG_REFUSED_PREFIX), q.reason
+        assert q.reason.startswith("DecodeError: damaged message"), q.reason
+        assert missing in q.reason and "other messages of this file carry" in q.reason, q.reason
+        assert (q.file, q.line, q.raw) == ("kafka/2026/01/01/00/part-0.jsonl", n, json.dumps(objs[n - 1]))
+    assert "no table name" not in out[1].reason and "no position" not in out[3].reason
+
+
+def test_a_file_without_hlcs_is_still_a_configuration_refusal_even_next_to_a_file_with_them() -> None:
+    """The decision is per file: a changefeed created without mvcc_timestamp /
+    updated writes no HLC on any message, so each of its messages is refused
+    (the batch fails once, naming the options), whatever other files carry."""
+    good = file_outcomes("a.jsonl", [wrapped(), wrapped(key=[2], after={"id": 2})])
+    assert all(isinstance(o, ChangeEvent) for o in good)
+    out = file_outcomes("b.jsonl", [wrapped(updated=...), wrapped(updated=..., key=[2], after={"id": 2})])
+    assert len(out) == 2 and all(o.reason.startswith(CONFIG_REFUSED_PREFIX + "no position") for o in out), out
+    # a file with no table anywhere (no topic_in_value, not the sink's file name) is refused too
+    out = file_outcomes("c.jsonl", [wrapped(topic=...), wrapped(topic=..., key=[2], after={"id": 2})])
+    assert len(out) == 2 and all(o.reason.startswith(CONFIG_REFUSED_PREFIX + "no table name") for o in out), out
+
+
+def test_hlc_evidence_is_per_table_of_the_file() -> None:
+    """One Kafka archive file can hold two changefeeds' topics: a table none of
+    whose messages in the file has an HLC is refused, even though the other
+    table's messages have one."""
+    ctx = DecodeContext(primary_keys={"items": ["id"], "orders": ["id"]})
+    objs = [wrapped(), wrapped(topic="orders", updated=...), wrapped(topic="orders", updated=..., key=[2], after={"id": 2})]
+    out = by_line(file_outcomes("k.jsonl", objs, ctx))
+    assert isinstance(out[1], ChangeEvent)
+    assert out[2].reason.startswith(CONFIG_REFUSED_PREFIX + "no position") and out[3].reason == out[2].reason
+
+
+def test_damaged_webhook_element_among_good_ones_is_quarantined() -> None:
+    batch = {"payload": [wrapped(), wrapped(updated=..., key=[2], after={"id": 2})], "length": 2}
+    out = file_outcomes("w.jsonl", [batch])
+    assert isinstance(out[0], ChangeEvent) and isinstance(out[1], Quarantined)
+    assert out[1].reason.startswith("DecodeError: damaged message") and "payload[1]" in out[1].reason, out[1].reason
+
+
+def test_a_file_of_only_refusals_longer_than_the_buffer_is_refused_without_holding_it_all(monkeypatch) -> None:
+    """Refusals wait for the file's evidence in a bounded buffer: past it, the
+    file is judged to lack the fields (a refusal), memory does not grow."""
+    import cdc_apply.decode.cockroachdb as crdb
+
+    monkeypatch.setattr(crdb, "PENDING_LIMIT", 3)
+    objs = [wrapped(updated=..., key=[i], after={"id": i}) for i in range(1, 6)] + [wrapped()]
+    out = by_line(file_outcomes("long.jsonl", objs))
+    assert all(out[n].reason.startswith(CONFIG_REFUSED_PREFIX + "no position") for n in range(1, 6))
+    assert isinstance(out[6], ChangeEvent)
+
+
+def test_a_bare_key_array_among_messages_with_row_images_is_a_damaged_message() -> None:
+    """A key_only changefeed writes bare key arrays on every line: one array
+    line in a file of wrapped messages (found by the nemesis: a message
+    wrapped in brackets) is damaged, quarantined; a file of arrays only is
+    still refused.  So is a Kafka-archived key with an empty value among
+    wrapped or enriched messages of its table (their deletes are never an
+    empty value); among row-envelope messages, or alone, it stays a refusal:
+    it can be an envelope=row delete (the source option decides)."""
+    objs = [wrapped(), [wrapped(key=[2], after={"id": 2})], ["boston", 7]]
+    out = by_line(file_outcomes("k.jsonl", objs))
+    assert isinstance(out[1], ChangeEvent)
+    for n in (2, 3):
+        assert out[n].reason.startswith("DecodeError: damaged message") and "row image" in out[n].reason, out[n].reason
+    out = file_outcomes("keys.jsonl", [["boston", 7], ["boston", 8]])
+    assert len(out) == 2 and all(o.reason.startswith(CONFIG_REFUSED_PREFIX) and "key_only" in o.reason for o in out)
+    key_only = {"topic": "items", "key": "[2]", "value": ""}
+    out = by_line(file_outcomes("w.jsonl", [{"topic": "items", "key": "[1]", "value": wrapped()}, key_only]))
+    assert isinstance(out[1], ChangeEvent) and out[2].reason.startswith("DecodeError: damaged message") and "empty value" in out[2].reason
+    arrival = DecodeContext(primary_keys={"items": ["id"]}, options={"ordering": "arrival"})
+    row = {"topic": "items", "key": "[1]", "value": json.dumps({"id": 1, "name": "a"})}
+    for objs in ([row, key_only], [key_only], [{"topic": "orders", "key": "[1]", "value": wrapped(topic="orders")}, key_only]):
+        out = file_outcomes("r.jsonl", objs, arrival)
+        assert "`envelope: row`" in out[-1].reason and out[-1].reason.startswith(CONFIG_REFUSED_PREFIX), (objs, out[-1])

@@ -49,7 +49,10 @@ def _subprocess_kinds(args, kinds: list[str], report) -> None:
 def _inprocess_kinds(args, kinds: list[str], report) -> None:
     import os
 
+    from tests.nemesis.runner import ROOT
+
     os.environ["CDC_HOME"] = str(args.work / "inproc")
+    os.environ.setdefault("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars"))  # else CDC_HOME/jars, which a work folder lacks
     from cdc_apply.config import Settings
     from cdc_apply.runtime.session import get_spark
 

@@ -15,6 +15,7 @@ job therefore share one semantics.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -115,6 +116,18 @@ class Decoder:
     def decode_message(self, msg: RawMessage) -> list[Outcome]:
         raise NotImplementedError
 
+    def decode_file(self, items: Iterable[RawMessage | Quarantined]) -> Iterator[Outcome]:
+        """Decode one file's (or one piece of a file's) messages in line order;
+        a line the reader could not read arrives already quarantined.  A
+        decoder overrides it to judge a message by the rest of its file
+        (CockroachDB: a message without the table or HLC its file's other
+        messages carry is damaged, not a configuration mismatch)."""
+        for item in items:
+            if isinstance(item, Quarantined):
+                yield item
+            else:
+                yield from self.decode(item)
+
     # -- driver side (optional) ----------------------------------------------
     def needs_driver(self, msg: RawMessage) -> bool:
         """True for messages that must be absorbed on the driver before the rest."""
@@ -202,6 +215,6 @@ def decode_all(decoder: Decoder, messages: Iterable[RawMessage]) -> Iterator[Out
     driver_side = [m for m in msgs if decoder.needs_driver(m)]
     yield from decoder.absorb(driver_side)
     flagged = {(m.file, m.line) for m in driver_side}
-    for m in msgs:
-        if (m.file, m.line) not in flagged:
-            yield from decoder.decode(m)
+    rest = (m for m in msgs if (m.file, m.line) not in flagged)
+    for _, one_file in itertools.groupby(rest, key=lambda m: m.file):
+        yield from decoder.decode_file(one_file)

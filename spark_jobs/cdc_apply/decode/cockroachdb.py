@@ -84,6 +84,17 @@ Configuration problems (no HLC under log ordering, no table, key values
 without key names, ``key_only``) raise ``ConfigRefused``: the job fails the
 batch once with a ``ConfigError`` per distinct reason instead of quarantining
 messages one by one; their reasons carry no message values so that they group.
+
+A changefeed writes its table and HLC fields on every message or on none
+(they are changefeed options), so a message without them is a configuration
+mismatch only when its file has them nowhere; so is the envelope (a bare key
+array, as only a key_only changefeed writes, among object messages is
+damaged).  ``decode_file`` judges each such message by the rest of its file (or piece of a file): when another
+message of the file names its table, or another message of the same table
+(of the file, for a message without a table) has an HLC, the message is
+damaged and quarantined (``damaged message: ...``, its file and line), and
+the batch goes on.  The refusals wait for that evidence in a bounded buffer
+(``PENDING_LIMIT``); a file that fills it is judged to lack the fields.
 """
 
 from __future__ import annotations
@@ -92,12 +103,13 @@ import decimal
 import functools
 import json
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from cdc_apply.decode.base import Decoder, check_json_type, has_float
+from cdc_apply.decode.base import DecodeContext, Decoder, check_json_type, has_float
 from cdc_apply.decode.debezium_common import (
     as_int,
     canonical,
@@ -133,6 +145,20 @@ NO_POSITION_HINT = (
     "add the changefeed option mvcc_timestamp (or updated) so that changes can be ordered, or set `ordering: arrival` "
     "on the source in the sources file to apply them in archive order (file, then line; see README)"
 )
+PENDING_LIMIT = 10_000
+"""Refusals for a missing table or HLC one file holds while its later messages
+are read (``decode_file``); past it the file is judged to lack them."""
+DAMAGED_REASON = (
+    "DecodeError: damaged message: {subject} has no {what}, while other messages of this file carry them (a changefeed "
+    "writes them on every message or on none, so this line is damaged, not the changefeed misconfigured); the rest "
+    "of the file is applied: repair the line and replay it if its change matters"
+)
+MISSING_WHAT = {
+    "table": "table (topic, __crdb__.topic, source.table_name or the archive wrapper's topic/table)",
+    "HLC": "HLC (mvcc_timestamp, updated or source.ts_hlc/ts_ns)",
+    "row image": "row image (it is a bare JSON array, as only a key_only changefeed writes)",
+    "value": "value (a key with an empty value, as only a key_only changefeed or an envelope=row delete writes)",
+}
 INFERRED_NOTE = "no schema: column types inferred from JSON values"
 NO_DELETE_NOTE = "{env} envelope: deletes cannot be told from upserts; prefer envelope=wrapped or enriched"
 
@@ -380,6 +406,64 @@ class Hints:
     index: int = 0  # the element's index in a webhook batch (arrival order within a line)
 
 
+class MissingFields(ConfigRefused):
+    """A message without its table and / or HLC, or a bare key array (no row
+    image): a configuration refusal, unless other messages of its file carry
+    them (``CockroachDbDecoder.decode_file``)."""
+
+    def __init__(self, text: str, missing: tuple[str, ...], table: TableRef | None) -> None:
+        super().__init__(text)
+        self.missing = missing
+        self.table = table
+
+
+@dataclass
+class _Refusal:
+    """A message's (or webhook element's) refusal for missing fields, while its file is read."""
+
+    outcome: Quarantined
+    missing: tuple[str, ...]
+    table: str | None
+    index: int | None
+
+    def damaged(self) -> Quarantined:
+        subject = "the message" if self.index is None else f"element payload[{self.index}] of the webhook batch"
+        what = " and ".join(MISSING_WHAT[m] for m in self.missing)
+        o = self.outcome
+        return Quarantined(DAMAGED_REASON.format(subject=subject, what=what), o.raw, o.file, o.line)
+
+
+@dataclass
+class _Evidence:
+    """What the messages of one file read so far carry: a row image (an object
+    envelope), a table of their own, and the tables (None: any) with an HLC."""
+
+    rows: bool = False
+    table: bool = False
+    hlc_tables: set[str | None] = field(default_factory=set)
+    enveloped: set[str] = field(default_factory=set)
+    """tables with a wrapped, enriched or bare message (a changefeed whose deletes are never an empty value)"""
+    version: int = 0
+
+    def saw(self, table: TableRef | None, hlc: bool, envelope: str) -> None:
+        before = (self.rows, self.table, len(self.hlc_tables), len(self.enveloped))
+        self.rows = True  # only a message with an object envelope is looked at
+        self.table = self.table or table is not None
+        if hlc:
+            self.hlc_tables.update({None} if table is None else {None, table.table})
+        if table is not None and envelope != "row":
+            self.enveloped.add(table.table)
+        if (self.rows, self.table, len(self.hlc_tables), len(self.enveloped)) != before:
+            self.version += 1
+
+    def covers(self, r: _Refusal) -> bool:
+        if ("table" in r.missing and not self.table) or ("row image" in r.missing and not self.rows):
+            return False
+        if "value" in r.missing and (r.table is None or r.table not in self.enveloped):
+            return False
+        return "HLC" not in r.missing or r.table in self.hlc_tables
+
+
 @dataclass
 class Parts:
     """One row change, normalised from any envelope before typing."""
@@ -472,11 +556,60 @@ class CockroachDbDecoder(Decoder):
             return False
         return _sniff_obj(obj, depth=0)
 
+    def __init__(self, ctx: DecodeContext | None = None) -> None:
+        super().__init__(ctx)
+        self._evidence: _Evidence | None = None  # set while decode_file reads a file
+        self._refusals: dict[int, _Refusal] = {}  # id(outcome) -> its refusal, for the message being decoded
+
     def decode_message(self, msg: RawMessage) -> list[Outcome]:
         obj = load_json(msg.text)
         if isinstance(obj, dict) and _is_batch(obj):
             return self._decode_batch(obj, msg)
-        return [self._decode_one(obj, msg, Hints())]
+        try:
+            return [self._decode_one(obj, msg, Hints())]
+        except MissingFields as exc:
+            return [self._refused(exc, msg, None)]
+
+    def _refused(self, exc: MissingFields, msg: RawMessage, index: int | None) -> Quarantined:
+        """The configuration refusal of a message without table or HLC, noted
+        for ``decode_file`` to judge by the rest of the file."""
+        q = Quarantined(f"{CONFIG_REFUSED_PREFIX}{exc}", msg.text, msg.file, msg.line)
+        if self._evidence is not None:
+            self._refusals[id(q)] = _Refusal(q, exc.missing, exc.table.table if exc.table else None, index)
+        return q
+
+    def decode_file(self, items: Iterable[RawMessage | Quarantined]) -> Iterator[Outcome]:
+        """One file's messages (module docstring): a refusal for a missing table
+        or HLC waits (up to ``PENDING_LIMIT``) until the file shows whether its
+        other messages carry them: then it is a damaged message, quarantined;
+        at the end of the file it stays a refusal."""
+        ev = self._evidence = _Evidence()
+        pending: list[_Refusal] = []
+        seen, full = 0, False
+        try:
+            for item in items:
+                outs = [item] if isinstance(item, Quarantined) else self.decode(item)
+                refusals, self._refusals = self._refusals, {}
+                for o in outs:
+                    r = refusals.get(id(o))
+                    if r is None:
+                        yield o
+                    elif ev.covers(r):
+                        yield r.damaged()
+                    elif full or len(pending) >= PENDING_LIMIT:  # the file lacks them: refusals from here on
+                        full = True
+                        yield from (p.outcome for p in pending)
+                        pending = []
+                        yield o
+                    else:
+                        pending.append(r)
+                if pending and ev.version != seen:
+                    yield from (p.damaged() for p in pending if ev.covers(p))
+                    pending = [p for p in pending if not ev.covers(p)]
+                seen = ev.version
+            yield from (p.outcome for p in pending)
+        finally:
+            self._evidence, self._refusals = None, {}
 
     # -- dispatch ------------------------------------------------------------
     def _decode_batch(self, obj: dict[str, Any], msg: RawMessage) -> list[Outcome]:
@@ -491,6 +624,8 @@ class CockroachDbDecoder(Decoder):
                 if isinstance(item, dict) and (_is_batch(item) or _is_wrapper(item)):
                     raise DecodeError("nested batch or archive wrapper inside a webhook batch")
                 out.append(self._decode_one(item, msg, Hints(index=i)))
+            except MissingFields as exc:
+                out.append(self._refused(exc, msg, i))
             except ConfigRefused as exc:  # the job fails the batch on it: keep the reason groupable
                 out.append(Quarantined(f"{CONFIG_REFUSED_PREFIX}{exc}", msg.text, msg.file, msg.line))
             except (DecodeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
@@ -498,8 +633,8 @@ class CockroachDbDecoder(Decoder):
         return out
 
     def _decode_one(self, obj: Any, msg: RawMessage, hints: Hints) -> Outcome:
-        if isinstance(obj, list):
-            raise ConfigRefused(KEY_ONLY_ARRAY_REASON)
+        if isinstance(obj, list):  # a key_only message, or a damaged line among messages with row images
+            raise MissingFields(KEY_ONLY_ARRAY_REASON, ("row image",), None)
         if not isinstance(obj, dict):
             raise DecodeError(f"message is not a JSON object: {type(obj).__name__}")
         if _is_wrapper(obj):
@@ -533,8 +668,8 @@ class CockroachDbDecoder(Decoder):
         if value is None:
             if key is not None and self.ctx.options.get("envelope") == "row":
                 return self._event(_row_delete(hints), msg, hints)
-            if key is not None:
-                raise ConfigRefused(KEY_ONLY_REASON)
+            if key is not None:  # key_only, an envelope=row delete, or damaged among its table's wrapped messages
+                raise MissingFields(KEY_ONLY_REASON, ("value",), hints.table)
             raise DecodeError("archive wrapper without key or value: nothing to decode")
         if isinstance(value, dict) and (_is_wrapper(value) or _is_batch(value)):
             raise DecodeError("archive wrapper value is itself a wrapper or batch")
@@ -661,22 +796,33 @@ class CockroachDbDecoder(Decoder):
         envelope's fields in the spec's order, one check each, and gathers every
         problem before it refuses the message (one reason naming them all)."""
         problems: list[DecodeError] = []
+        missing: list[str] = []
         table = None
         file_table = cloud_storage_table(msg.file)
         try:
             table = _resolve_table(parts.tables + ([file_table] if file_table is not None else []), msg.file)
+        except ConfigRefused as exc:
+            problems.append(exc)
+            missing.append("table")
         except DecodeError as exc:
             problems.append(exc)
         position = commit_us = None
+        ordering = self.ctx.options.get("ordering", "log")
         try:
-            position, commit_us = _resolve_position(parts, self.ctx.options.get("ordering", "log"), msg, hints.index)
+            position, commit_us = _resolve_position(parts, ordering, msg, hints.index)
+        except ConfigRefused as exc:
+            problems.append(exc)
+            missing.append("HLC")
         except DecodeError as exc:
             problems.append(exc)
+        if self._evidence is not None:  # what this message carries, for the file's other messages
+            self._evidence.saw(table if "table" not in missing else None, ordering == "log" and position is not None, parts.envelope)
         if problems:
             prefix = "" if parts.envelope != "row" else "no changefeed metadata (treated as envelope=row): "
             text = prefix + "; ".join(map(str, problems))
-            # a message that cannot be placed for lack of configuration: the batch is refused once
-            raise (ConfigRefused if any(isinstance(p, ConfigRefused) for p in problems) else DecodeError)(text)
+            if missing:  # a message that cannot be placed for lack of configuration: the batch is refused once
+                raise MissingFields(text, tuple(missing), table)
+            raise DecodeError(text)
         assert table is not None and position is not None
 
         op = parts.op or _derive_op(parts)

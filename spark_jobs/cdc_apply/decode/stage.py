@@ -201,13 +201,10 @@ def decode_file_contents(decoder: Decoder, files: Iterable[tuple[str, Source, Pi
     """Executor-side decode of files or pieces of files (driver-side messages
     excluded when they were already absorbed on the driver)."""
     for path, source, piece in files:
-        for msg in _file_messages(path, source, piece):
-            if isinstance(msg, Quarantined):
-                yield msg
-            elif driver_done and decoder.needs_driver(msg):
-                continue
-            else:
-                yield from decoder.decode(msg)
+        msgs = _file_messages(path, source, piece)
+        if driver_done:
+            msgs = (m for m in msgs if isinstance(m, Quarantined) or not decoder.needs_driver(m))
+        yield from decoder.decode_file(msgs)
 
 
 def _has_driver_pass(decoder: Decoder) -> bool:

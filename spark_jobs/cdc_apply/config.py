@@ -244,6 +244,9 @@ class SourceConfig:
     """How events of a key are ordered: ``log`` (the source's log position, e.g.
     CockroachDB's HLC ``mvcc_timestamp`` / ``updated``) or ``arrival`` (archive
     file path, then line: for changefeeds without timestamps; see README)."""
+    changelog: bool = True
+    """Append every decoded change of a table to ``<namespace>.<table>_changes``
+    (``apply/changelog.py``), published with the table; ``changelog: false`` turns it off."""
     envelope: str | None = None
     """CockroachDB only: ``row`` reads a key without a value as an
     ``envelope=row`` delete (it is otherwise refused as ``key_only``)."""
@@ -323,6 +326,9 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
                 f"{path}: envelope of source {name!r} is {envelope!r}: only a cockroachdb source takes it, and only "
                 "'row' (key_only changefeeds carry no row image: recreate them with envelope=wrapped or enriched)"
             )
+        changelog = spec.get("changelog", True)
+        if not isinstance(changelog, bool):
+            raise ConfigError(f"{path}: changelog of source {name!r} is {changelog!r}; use true or false (or leave it out: true)")
         share = float(spec.get("quarantine_max_share", 0.05))
         if not 0.0 <= share <= 1.0:
             raise ConfigError(f"{path}: quarantine_max_share of source {name!r} must be between 0 and 1")
@@ -336,6 +342,7 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             merge_mode=merge_mode,
             ordering=ordering,
             envelope=envelope,
+            changelog=changelog,
             columns=columns,
         )
     return sources

@@ -74,7 +74,7 @@ def pending_files(
 
 def run_batch(
     settings: Settings,
-    source_name: str,
+    source_name: str | SourceConfig,
     files: list[ArchiveFile] | None = None,
     *,
     spark: SparkSession | None = None,
@@ -89,7 +89,7 @@ def run_batch(
     DAG runs validate and publish per table as their own tasks on the saved
     result, then :func:`finish_batch`."""
     started = time.time()
-    source = get_source(settings, source_name)
+    source = source_name if isinstance(source_name, SourceConfig) else get_source(settings, source_name)  # a SourceConfig: rebuild.py
     if files is None:
         files = pending_files(settings, source)
     files = sorted(files)

@@ -5,6 +5,7 @@
   cdc status [--source S] [--table NS.T]
   cdc pending --source S [--until ISO]
   cdc as-of  --source S --table T (--position P | --time ISO)   the snapshot and SQL of T as of a source position
+  cdc rebuild --source S [--table T]   replay the source's applied files into <ns>_rebuild and compare with the live tables
   cdc connect-server [--host H] [--port P]   a long-lived driver; jobs attach with CDC_SPARK_REMOTE=sc://H:P
 
 Exit codes: 0 success / nothing to do, 2 terminal failure (data or config:
@@ -19,6 +20,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from cdc_apply.config import Settings, get_source, load_sources
 from cdc_apply.errors import CdcError, TerminalError
@@ -181,6 +183,16 @@ def cmd_as_of(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    """Replay the source from zero beside the live tables and compare; exit 2 when a table differs."""
+    from cdc_apply.rebuild import rebuild
+    from cdc_apply.runtime.session import get_spark
+
+    reports = rebuild(get_spark(settings, app_name="cdc-rebuild"), settings, get_source(settings, args.source), args.table)
+    print(json.dumps(reports, indent=2, default=str))
+    return 0 if reports and all(r["equal"] for r in reports) else EXIT_TERMINAL
+
+
 def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
     from cdc_apply.maintenance import Retention, maintain_audit, maintain_source
     from cdc_apply.runtime.session import get_spark
@@ -207,6 +219,21 @@ def cmd_connect_server(args: argparse.Namespace, settings: Settings) -> int:
     )
     os.execvpe(cmd[0], cmd, connect_server_env())
     return 0  # not reached
+
+
+def _history_parsers(sub: Any) -> None:
+    """``as-of`` and ``rebuild``: the table's history (README, "History")."""
+    h = sub.add_parser("as-of", help="the snapshot id and SQL of a table as of a source position (or source commit time)")
+    h.add_argument("--source", required=True)
+    h.add_argument("--table", required=True, help="the table's name in the source's namespace")
+    when = h.add_mutually_exclusive_group(required=True)
+    when.add_argument("--position", help="a source position, as the table's _cdc_position writes it")
+    when.add_argument("--time", help="a source commit time (ISO; naive is UTC)")
+    h.set_defaults(func=cmd_as_of)
+    r = sub.add_parser("rebuild", help="replay every applied archive file of a source into <ns>_rebuild and compare with the live tables")
+    r.add_argument("--source", required=True)
+    r.add_argument("--table", help="only this source table (its name at the source)")
+    r.set_defaults(func=cmd_rebuild)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,13 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--snapshot-retention-days", type=float)
     m.add_argument("--tombstone-retention-days", type=float)
     m.set_defaults(func=cmd_maintain)
-    h = sub.add_parser("as-of", help="the snapshot id and SQL of a table as of a source position (or source commit time)")
-    h.add_argument("--source", required=True)
-    h.add_argument("--table", required=True, help="the table's name in the source's namespace")
-    when = h.add_mutually_exclusive_group(required=True)
-    when.add_argument("--position", help="a source position, as the table's _cdc_position writes it")
-    when.add_argument("--time", help="a source commit time (ISO; naive is UTC)")
-    h.set_defaults(func=cmd_as_of)
+    _history_parsers(sub)
     c = sub.add_parser(
         "connect-server",
         help="run a Spark Connect server with this project's catalog, jars and conf (jobs attach with CDC_SPARK_REMOTE)",

@@ -104,3 +104,13 @@ def test_a_batch_failing_its_gate_logs_nothing_and_changelog_false_writes_no_tab
     off = f"{ns}_off"
     assert apply_events(spark, settings, off, good, changelog=False).status == "complete"
     assert not spark.catalog.tableExists(f"{settings.catalog_name}.{off}.items_changes")
+
+
+def test_a_source_table_named_like_a_change_log_is_refused_not_appended_to(spark, settings, ns):
+    assert (
+        apply_events(spark, settings, ns, [event("c", 1, {"name": "a"}, pos=1, table="items_changes")], changelog=False).status
+        == "complete"
+    )
+    r = apply_events(spark, settings, ns, [event("c", 1, {"name": "b"}, pos=2)])
+    assert r.status == "failed" and r.tables[0].terminal and "is a table, not the change log" in r.tables[0].message
+    assert spark.table(f"{settings.catalog_name}.{ns}.items_changes").count() == 1

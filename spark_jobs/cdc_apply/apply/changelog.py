@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from cdc_apply import ledger
 from cdc_apply.apply import branches, tables
 from cdc_apply.archive.files import ArchiveFile
-from cdc_apply.errors import ConcurrentApply
+from cdc_apply.errors import ConcurrentApply, ConfigError
 
 SUFFIX = "_changes"
 ATTEMPT_PROPERTY = ledger.PREFIX + "attempt-id"
@@ -78,7 +78,14 @@ def change_rows(events: DataFrame, batch_id: str, key_columns: list[str]) -> Dat
 def ensure_table(spark: SparkSession, ident: str, source: str) -> None:
     """Partitioned by day of commit time (a time range reads its days); a
     batch's rows are written by one commit, so its files hold only its
-    ``batch_id`` and their column bounds prune a read of one batch."""
+    ``batch_id`` and their column bounds prune a read of one batch.  A table
+    of that name that is not a change log (a source table ``<t>_changes``)
+    is refused, terminally: its target must be mapped elsewhere."""
+    if tables.table_exists(spark, ident) and "cdc.changelog-of" not in tables.table_properties(spark, ident):
+        raise ConfigError(
+            f"{ident} is a table, not the change log of {ident.removesuffix(SUFFIX)}: map one of them to another target "
+            "(`tables: {<table>: {target: <name>}}`) or set `changelog: false` on the source"
+        )
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {ident} ({COLUMNS}) USING iceberg PARTITIONED BY (days(commit_ts)) "
         f"TBLPROPERTIES ('format-version'='2', 'write.wap.enabled'='true', 'cdc.source'={tables.sql_string(source)}, "

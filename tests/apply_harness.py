@@ -26,6 +26,8 @@ def apply_events(
     batch_tag: str | None = None,
     override=None,
     merge_mode: str | None = None,
+    changelog: bool = True,
+    stages: tuple[str, ...] = ("validate", "publish"),
 ) -> BatchResult:
     """Apply one batch of outcomes; each distinct ``file`` is a batch file."""
     source = SourceConfig(
@@ -35,6 +37,7 @@ def apply_events(
         primary_keys=primary_keys or {},
         quarantine_max_share=quarantine_max_share,
         merge_mode=merge_mode,
+        changelog=changelog,
     )
     tag = batch_tag or f"b{next(_counter)}"
     for o in outcomes:  # events without a file belong to a file of this batch
@@ -56,7 +59,10 @@ def apply_events(
     )
     decoded = outcomes_frame(spark, outcomes)
     result = apply_decoded(spark, settings, source, result, files, decoded)
-    validate_batch(settings, result, spark)
+    if "validate" in stages:
+        validate_batch(settings, result, spark)
+    if "publish" not in stages:
+        return result
     publish_batch(settings, result)
     return finish_batch(settings, result)
 

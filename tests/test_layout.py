@@ -23,7 +23,8 @@ LAYERS: list[set[str]] = [
     {"results"},  # what a run reports (JSON between tasks)
     {"ledger"},  # what was applied
     {"apply"},  # one table: compact, MERGE on the audit branch, gate
-    {"batch", "maintenance"},  # a batch's life; table maintenance
+    {"batch", "maintenance", "asof"},  # a batch's life; table maintenance; a table as of a source position
+    {"rebuild"},  # a source replayed from zero beside the live tables, compared
     {"cli", "demo"},  # entry points
 ]
 """Rooms (a package's sub-package, or a top-level module) from the bottom

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_apply import ledger
-from cdc_apply.apply import branches, gate, held, tables
+from cdc_apply.apply import branches, changelog, gate, held, tables
 from cdc_apply.apply.table import (
     TableWork,
     apply_table,
@@ -74,7 +74,7 @@ def pending_files(
 
 def run_batch(
     settings: Settings,
-    source_name: str,
+    source_name: str | SourceConfig,
     files: list[ArchiveFile] | None = None,
     *,
     spark: SparkSession | None = None,
@@ -89,7 +89,7 @@ def run_batch(
     DAG runs validate and publish per table as their own tasks on the saved
     result, then :func:`finish_batch`."""
     started = time.time()
-    source = get_source(settings, source_name)
+    source = source_name if isinstance(source_name, SourceConfig) else get_source(settings, source_name)  # a SourceConfig: rebuild.py
     if files is None:
         files = pending_files(settings, source)
     files = sorted(files)
@@ -295,6 +295,7 @@ def _table_meta(events: DataFrame) -> list:
             F.bool_and(F.col("op") == "t").alias("only_truncates"),
             F.max(F.when(F.col("op") == "t", F.col("position"))).alias("max_truncate"),
             F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
+            F.max("commit_ts").alias("max_commit_ts"),
             F.count(F.when((F.col("op") == "d") & F.col("change_id").isNotNull(), 1)).alias("keyed_deletes"),
             F.count(F.when(F.array_contains("notes", UNTYPED_NOTE), 1)).alias("untyped"),
         )
@@ -568,6 +569,7 @@ def publish_batch(settings: Settings, result: BatchResult, table: str | None = N
             log.warning("%s: %s", tr.table, tr.message)
             continue
         try:
+            changelog.publish(led, tr)
             tr.snapshot_id = led.fast_forward(tr.table.split(".", 1)[1], tr.audit_branch, expected_head=tr.branch_snapshot)
             tr.status = Status.PUBLISHED
             log.info("%s: published batch %s as snapshot %s", tr.table, result.batch_id, tr.snapshot_id)

@@ -4,6 +4,8 @@
              [--override force|skip --override-reason TEXT]
   cdc status [--source S] [--table NS.T]
   cdc pending --source S [--until ISO]
+  cdc as-of  --source S --table T (--position P | --time ISO)   the snapshot and SQL of T as of a source position
+  cdc rebuild --source S [--table T]   replay the source's applied files into <ns>_rebuild and compare with the live tables
   cdc connect-server [--host H] [--port P]   a long-lived driver; jobs attach with CDC_SPARK_REMOTE=sc://H:P
 
 Exit codes: 0 success / nothing to do, 2 terminal failure (data or config:
@@ -18,6 +20,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from cdc_apply.config import Settings, get_source, load_sources
 from cdc_apply.errors import CdcError, TerminalError
@@ -137,6 +140,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         for ident in sorted(idents):
             tled = led.table_ledger(ident)
             table = catalog.load_table(ident)
+            if "cdc.changelog-of" in table.properties:  # a change log (apply/changelog.py): no rows to count as live
+                continue
             deleted = table.scan(selected_fields=("_cdc_deleted",)).to_arrow().column("_cdc_deleted").to_pylist()
             out.append(
                 {
@@ -155,6 +160,37 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             )
     print(json.dumps(out, indent=2, default=str))
     return 0
+
+
+def cmd_as_of(args: argparse.Namespace, settings: Settings) -> int:
+    """The snapshot of a table as of a source position or commit time, and the SQL to read it."""
+    from cdc_apply.asof import as_of
+
+    found = as_of(settings, args.source, args.table, position=args.position, time=args.time)
+    if found is None:
+        print(f"error: {args.table} has no publish at or before {args.position or args.time}", file=sys.stderr)
+        return EXIT_TERMINAL
+    out = {
+        "table": found.table,
+        "snapshot_id": str(found.snapshot_id),  # 64-bit: a string (JSON readers round numbers)
+        "batch_id": found.batch_id,
+        "watermark": found.watermark,
+        "commit_ts_max": found.commit_ts_max,
+        "next_watermark": found.next_watermark,
+        "sql": found.sql,
+    }
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    """Replay the source from zero beside the live tables and compare; exit 2 when a table differs."""
+    from cdc_apply.rebuild import rebuild
+    from cdc_apply.runtime.session import get_spark
+
+    reports = rebuild(get_spark(settings, app_name="cdc-rebuild"), settings, get_source(settings, args.source), args.table)
+    print(json.dumps(reports, indent=2, default=str))
+    return 0 if reports and all(r["equal"] for r in reports) else EXIT_TERMINAL
 
 
 def cmd_maintain(args: argparse.Namespace, settings: Settings) -> int:
@@ -183,6 +219,21 @@ def cmd_connect_server(args: argparse.Namespace, settings: Settings) -> int:
     )
     os.execvpe(cmd[0], cmd, connect_server_env())
     return 0  # not reached
+
+
+def _history_parsers(sub: Any) -> None:
+    """``as-of`` and ``rebuild``: the table's history (README, "History")."""
+    h = sub.add_parser("as-of", help="the snapshot id and SQL of a table as of a source position (or source commit time)")
+    h.add_argument("--source", required=True)
+    h.add_argument("--table", required=True, help="the table's name in the source's namespace")
+    when = h.add_mutually_exclusive_group(required=True)
+    when.add_argument("--position", help="a source position, as the table's _cdc_position writes it")
+    when.add_argument("--time", help="a source commit time (ISO; naive is UTC)")
+    h.set_defaults(func=cmd_as_of)
+    r = sub.add_parser("rebuild", help="replay every applied archive file of a source into <ns>_rebuild and compare with the live tables")
+    r.add_argument("--source", required=True)
+    r.add_argument("--table", help="only this source table (its name at the source)")
+    r.set_defaults(func=cmd_rebuild)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--snapshot-retention-days", type=float)
     m.add_argument("--tombstone-retention-days", type=float)
     m.set_defaults(func=cmd_maintain)
+    _history_parsers(sub)
     c = sub.add_parser(
         "connect-server",
         help="run a Spark Connect server with this project's catalog, jars and conf (jobs attach with CDC_SPARK_REMOTE)",

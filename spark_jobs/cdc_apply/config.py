@@ -57,6 +57,18 @@ def spark_home(env: Mapping[str, str] | None = None) -> Path:
     return Path(env["SPARK_HOME"]) if env.get("SPARK_HOME") else pip_spark_home()
 
 
+def _positive_days(name: str, default: float) -> float:
+    """A number of days from the environment, refused once with what to set."""
+    text = _env(name, "").strip()
+    try:
+        days = float(text) if text else default
+    except ValueError:
+        days = -1.0
+    if not days > 0:
+        raise ConfigError(f"{name}={text!r}: give a number of days above 0 (default {default:g})")
+    return days
+
+
 def _env(name: str, default: str) -> str:
     value = os.environ.get(name, "").strip()
     return value or default
@@ -128,6 +140,10 @@ class Settings:
     s3: S3Options = field(default_factory=S3Options)
     driver_memory: str = "3g"
     """``CDC_SPARK_DRIVER_MEMORY``: heap of every driver JVM the project starts."""
+    asof_days: float = 7.0
+    """``CDC_ASOF_RETENTION_DAYS``: how long a publish's ``cdc_<batch>`` tag keeps
+    its snapshot through expiry for ``cdc as-of`` (every version's data files
+    stay that long: with copy-on-write, an hourly batch's rewrite per hour)."""
     log_verbose: bool = False
     """``CDC_LOG_VERBOSE=1``: library chatter back in the job's log (runtime/logs.py)."""
     worker_python: str = field(default_factory=lambda: sys.executable)
@@ -177,6 +193,7 @@ class Settings:
             verify_applied=verify_applied,
             s3=S3Options.from_env(),
             driver_memory=_env("CDC_SPARK_DRIVER_MEMORY", "3g"),
+            asof_days=_positive_days("CDC_ASOF_RETENTION_DAYS", 7.0),
             log_verbose=_env("CDC_LOG_VERBOSE", "").strip().lower() in {"1", "true", "yes", "on"},
             worker_python=_env("CDC_PYSPARK_PYTHON", sys.executable),
             expectations_dir=Path(_env("CDC_EXPECTATIONS_DIR", str(PROJECT_ROOT / "include" / "expectations"))),
@@ -244,6 +261,9 @@ class SourceConfig:
     """How events of a key are ordered: ``log`` (the source's log position, e.g.
     CockroachDB's HLC ``mvcc_timestamp`` / ``updated``) or ``arrival`` (archive
     file path, then line: for changefeeds without timestamps; see README)."""
+    changelog: bool = True
+    """Append every decoded change of a table to ``<namespace>.<table>_changes``
+    (``apply/changelog.py``), published with the table; ``changelog: false`` turns it off."""
     envelope: str | None = None
     """CockroachDB only: ``row`` reads a key without a value as an
     ``envelope=row`` delete (it is otherwise refused as ``key_only``)."""
@@ -323,6 +343,9 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
                 f"{path}: envelope of source {name!r} is {envelope!r}: only a cockroachdb source takes it, and only "
                 "'row' (key_only changefeeds carry no row image: recreate them with envelope=wrapped or enriched)"
             )
+        changelog = spec.get("changelog", True)
+        if not isinstance(changelog, bool):
+            raise ConfigError(f"{path}: changelog of source {name!r} is {changelog!r}; use true or false (or leave it out: true)")
         share = float(spec.get("quarantine_max_share", 0.05))
         if not 0.0 <= share <= 1.0:
             raise ConfigError(f"{path}: quarantine_max_share of source {name!r} must be between 0 and 1")
@@ -336,6 +359,7 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             merge_mode=merge_mode,
             ordering=ordering,
             envelope=envelope,
+            changelog=changelog,
             columns=columns,
         )
     return sources

@@ -41,6 +41,10 @@ QUARANTINE_TABLE = "quarantine"
 # operator's explicit decision to never apply them (see results.Override)
 APPLIED_STATUSES = (Status.COMPLETE, Status.SKIPPED)
 AUDIT_BRANCH_PREFIX = "audit_"
+PUBLISH_TAG_PREFIX = "cdc_"
+"""A publish tags its snapshot ``cdc_<batch id>`` (``fast_forward``): the
+snapshot a source position reads (``asof.py``) survives snapshot expiry for
+``Settings.asof_days`` (Iceberg's ``max-ref-age``: expiry drops the tag after it)."""
 
 
 def audit_branch(batch_id: str) -> str:
@@ -57,6 +61,8 @@ class TableLedger:
     last_batch: str | None = None
     last_applied_at: str | None = None
     snapshot_id: int | None = None
+    commit_ts_max: str | None = None
+    """The newest source commit time (ISO, UTC) of the changes main reflects."""
 
 
 def summary_properties(
@@ -88,13 +94,40 @@ def ledger_from_summaries(summaries: list[dict[str, str]]) -> TableLedger:
             led.batches.append(batch)
         led.last_batch = batch
         led.last_applied_at = s.get(PREFIX + "applied-at", led.last_applied_at)
-        pos = s.get(PREFIX + "position-max")
-        if pos is not None and (led.last_position is None or pos > led.last_position):
-            led.last_position = pos
+        for pos in (s.get(PREFIX + "position-max"), s.get(PREFIX + "watermark")):
+            if pos is not None and (led.last_position is None or pos > led.last_position):
+                led.last_position = pos
+        ts = s.get(PREFIX + "commit-ts-max")
+        if ts is not None and (led.commit_ts_max is None or ts > led.commit_ts_max):
+            led.commit_ts_max = ts
         t = s.get(PREFIX + "truncated-at")
         if t is not None and (led.truncated_at is None or t > led.truncated_at):
             led.truncated_at = t
     return led
+
+
+def watermark_properties(prior: TableLedger | None, position_max: str | None, commit_ts_max: Any) -> dict[str, str]:
+    """The source watermark a batch's commits reflect once published: the
+    highest position (``cdc.watermark``) and source commit time
+    (``cdc.commit-ts-max``, ISO UTC) of main before it and of the batch
+    (``asof.py`` reads them).  Recorded at write time: the publish only
+    fast-forwards onto the main it was written on."""
+    props: dict[str, str] = {}
+    positions = [p for p in (prior.last_position if prior else None, position_max) if p is not None]
+    if positions:
+        props[PREFIX + "watermark"] = max(positions)
+    if isinstance(commit_ts_max, dt.datetime):
+        ts = commit_ts_max if commit_ts_max.tzinfo else commit_ts_max.replace(tzinfo=dt.UTC)
+        commit_ts_max = ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # fixed width: text order is time order
+    stamps = [t for t in (prior.commit_ts_max if prior else None, commit_ts_max) if t is not None]
+    if stamps:
+        props[PREFIX + "commit-ts-max"] = max(stamps)
+    return props
+
+
+def publish_tag(branch: str) -> str:
+    """The tag a publish of audit branch ``audit_<batch>`` puts on its snapshot."""
+    return PUBLISH_TAG_PREFIX + branch.removeprefix(AUDIT_BRANCH_PREFIX)
 
 
 # -- pure: summaries, fingerprints ---------------------------------------------
@@ -380,10 +413,10 @@ class Ledger:
                 time.sleep(0.2 * attempt)
 
     def fast_forward(self, identifier: str, branch: str, expected_head: int | None = None) -> int:
-        """Move main to the head of ``branch`` if main is its ancestor, drop the
-        branch and the audit branches earlier failed attempts left behind (this
-        batch re-applied their files); one atomic catalog commit.  Returns main's
-        new snapshot id."""
+        """Move main to the head of ``branch`` if main is its ancestor, tag it
+        ``cdc_<batch>`` (``publish_tag``), drop the branch and the audit
+        branches earlier failed attempts left behind (this batch re-applied
+        their files); one atomic catalog commit.  Returns main's new snapshot id."""
         from pyiceberg.table.snapshots import ancestors_of
 
         table = self.catalog.load_table(identifier)
@@ -409,6 +442,8 @@ class Ledger:
             raise CdcError(f"{identifier}: main moved since branch {branch!r} was created; the batch will be re-applied on the new main")
         stale = sorted(name for name in table.metadata.refs if name.startswith(AUDIT_BRANCH_PREFIX) and name != branch)
         update = table.manage_snapshots().set_current_snapshot(snapshot_id=head.snapshot_id).remove_branch(branch)
+        if publish_tag(branch) not in table.metadata.refs:  # the source watermark's snapshot, kept from expiry (asof.py)
+            update = update.create_tag(head.snapshot_id, publish_tag(branch), max_ref_age_ms=int(self.settings.asof_days * 86_400_000))
         for name in stale:
             update = update.remove_branch(name)
         update.commit()

@@ -81,8 +81,9 @@ def _expire(spark: SparkSession, identifier: str, retention: Retention) -> dict:
 
 def _procedures(spark: SparkSession, identifier: str, retention: Retention) -> dict:
     report: dict = {}
-    purged = spark.sql(f"DELETE FROM {identifier} WHERE _cdc_deleted AND _cdc_applied_at < TIMESTAMP '{_ts(retention.tombstone_days)}'")
-    report["tombstones_purged"] = purged.collect() if purged.columns else None
+    if "_cdc_deleted" in spark.table(identifier).columns:  # a change log (apply/changelog.py) has no tombstones
+        purged = spark.sql(f"DELETE FROM {identifier} WHERE _cdc_deleted AND _cdc_applied_at < TIMESTAMP '{_ts(retention.tombstone_days)}'")
+        report["tombstones_purged"] = purged.collect() if purged.columns else None
     report["rewrite_data_files"] = _compact(spark, identifier)
     report["rewrite_position_delete_files"] = _call(spark, identifier, "rewrite_position_delete_files")[0].asDict()
     report["expire_snapshots"] = _expire(spark, identifier, retention)

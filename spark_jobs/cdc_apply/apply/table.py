@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_apply import ledger
-from cdc_apply.apply import branches, compact, gate, merge, tables
+from cdc_apply.apply import branches, changelog, compact, gate, merge, tables
 from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.config import Settings, SourceConfig
 from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalError
@@ -125,12 +125,18 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
     tr.schema_changes += _create_or_evolve(work, spec, exists, meta)
     truncs: Any
     if partly:  # some files were applied to this table already: count the rest
-        truncs = ev.where("op = 't'").agg(F.max("position").alias("p"), F.count(F.lit(1)).alias("n")).collect()[0]
+        truncs = ev.agg(
+            F.max(F.when(F.col("op") == "t", F.col("position"))).alias("p"),
+            F.count(F.when(F.col("op") == "t", 1)).alias("n"),
+            F.max("commit_ts").alias("ts"),
+        ).collect()[0]
     else:
-        truncs = {"p": meta["max_truncate"], "n": meta["truncates"]}
+        truncs = {"p": meta["max_truncate"], "n": meta["truncates"], "ts": meta["max_commit_ts"]}
     watermark = work.source_state.setdefault(TRUNCATES_KEY, {}).get(_table_key(meta))
     truncated_at = max([p for p in (truncs["p"], led.truncated_at if led else None, watermark) if p], default=None)
-    _write(work, spec, ev.where("op <> 't'"), meta, truncs, truncated_at, new_files, tr)
+    if work.source.changelog:
+        tr.changelog, tr.changelog_snapshot = changelog.write(work, spec, ev, new_files) or (None, None)
+    _write(work, spec, ev.where("op <> 't'"), meta, truncs, truncated_at, new_files, tr, led)
 
 
 def _table_key(meta: Any) -> str:
@@ -174,6 +180,7 @@ def _write(
     truncated_at: str | None,
     new_files: list[ArchiveFile],
     tr: TableResult,
+    prior: ledger.TableLedger | None = None,
 ) -> None:
     """Order, label and fold the row events; MERGE them onto a fresh audit
     branch with the ledger properties; reconcile.  Long because the labelled
@@ -238,6 +245,7 @@ def _write(
         # a file with held messages is not applied to the table until they are (held.py)
         applied = [f.as_dict() for f in new_files if f.path not in work.held_files]
         props = ledger.summary_properties(work.batch_id, applied, position_max=tr.position_max, truncated_at=truncated_at, counts=counts)
+        props.update(ledger.watermark_properties(prior, tr.position_max, truncs["ts"]))  # what as-of reads (asof.py)
         props[ATTEMPT_PROPERTY] = attempt
         with branches.snapshot_properties(spark, props):
             source_df = compact.merge_source(folded, spec.key_columns, spec.columns)

@@ -1,0 +1,130 @@
+"""The change log (bronze): every decoded change of a table, appended to
+``<namespace>.<table>_changes`` in the batch that applies it and behind the
+same gate.
+
+Exactly once, by file, like the table: the change log keeps its own ledger
+(``cdc.files`` in its snapshot summaries, ``ledger.TableLedger``) and writes
+only the events of the batch's files it does not hold yet, onto the batch's
+audit branch; the publish fast-forwards it *before* the table.  So the change
+log's applied files always include the table's: a run killed between the two
+fast-forwards re-applies the table, and the change log skips the files it
+already holds (a batch formed again with other files included).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdc_apply import ledger
+from cdc_apply.apply import branches, tables
+from cdc_apply.archive.files import ArchiveFile
+from cdc_apply.errors import ConcurrentApply, ConfigError
+
+SUFFIX = "_changes"
+ATTEMPT_PROPERTY = ledger.PREFIX + "attempt-id"
+COLUMNS = (
+    "batch_id string NOT NULL, source_table string, op string NOT NULL, key_columns array<string>, key map<string,string>, "
+    "after map<string,string>, before map<string,string>, present array<string>, position string, tx_id string, "
+    "commit_ts timestamp, change_id string, message_id string, file string NOT NULL, line bigint NOT NULL"
+)
+"""``present``: the columns the after image carries (sorted): a column absent
+from it was not present in the message (partial rows), one present with NULL
+was set to NULL."""
+
+
+def identifier(table_identifier: str) -> str:
+    """``catalog.ns.table`` -> ``catalog.ns.table_changes``."""
+    return table_identifier + SUFFIX
+
+
+def change_rows(events: DataFrame, batch_id: str, key_columns: list[str]) -> DataFrame:
+    """Decoded events (``decode.stage.OUTCOME_DDL``) -> change-log rows.  The
+    key is read as the apply reads it (``compact.key_text``: a delete's from
+    its before image); a truncate has no key; an event without a key value
+    (quarantined by the apply) is left out."""
+    image = F.when(F.col("op") == "d", F.coalesce("before", "after")).otherwise(F.coalesce("after", "before"))
+    other = F.when(F.col("op") == "d", F.col("after")).otherwise(F.col("before"))
+    keys = F.array(*[F.lit(k) for k in key_columns])
+    key = F.when(F.col("op") != "t", F.map_from_arrays(keys, F.array(*[F.coalesce(image[k], other[k]) for k in key_columns]))).cast(
+        "map<string,string>"
+    )
+    table = F.concat_ws(".", "database", "schema_name", "table_name")
+    keyless = F.lit(False)
+    for k in key_columns:  # quarantined as null-key by the apply (its quarantine row keeps them), not changes of the table
+        keyless = keyless | F.coalesce(image[k], other[k]).isNull()
+    return events.where((F.col("op") == "t") | ~keyless).select(
+        F.lit(batch_id).alias("batch_id"),
+        table.alias("source_table"),
+        "op",
+        F.when(F.col("op") != "t", keys).alias("key_columns"),
+        key.alias("key"),
+        "after",
+        "before",
+        F.array_sort(F.map_keys("after")).alias("present"),
+        "position",
+        "tx_id",
+        "commit_ts",
+        "change_id",
+        "message_id",
+        "file",
+        "line",
+    )
+
+
+def ensure_table(spark: SparkSession, ident: str, source: str) -> None:
+    """Partitioned by day of commit time (a time range reads its days); a
+    batch's rows are written by one commit, so its files hold only its
+    ``batch_id`` and their column bounds prune a read of one batch.  A table
+    of that name that is not a change log (a source table ``<t>_changes``)
+    is refused, terminally: its target must be mapped elsewhere."""
+    if tables.table_exists(spark, ident) and "cdc.changelog-of" not in tables.table_properties(spark, ident):
+        raise ConfigError(
+            f"{ident} is a table, not the change log of {ident.removesuffix(SUFFIX)}: map one of them to another target "
+            "(`tables: {<table>: {target: <name>}}`) or set `changelog: false` on the source"
+        )
+    spark.sql(
+        f"CREATE TABLE IF NOT EXISTS {ident} ({COLUMNS}) USING iceberg PARTITIONED BY (days(commit_ts)) "
+        f"TBLPROPERTIES ('format-version'='2', 'write.wap.enabled'='true', 'cdc.source'={tables.sql_string(source)}, "
+        f"'cdc.changelog-of'={tables.sql_string(ident.removesuffix(SUFFIX))})"
+    )
+
+
+def write(work: Any, spec: tables.TableSpec, events: DataFrame, files: list[ArchiveFile]) -> tuple[str, int] | None:
+    """Write the change-log rows of ``files`` (``work``: the ``table.TableWork``)
+    not yet in the change log onto the batch's audit branch of
+    ``<table>_changes``; returns (identifier, branch head) for the publish,
+    None when the change log holds every file already."""
+    spark, batch_id = work.spark, work.batch_id
+    ident = identifier(spec.identifier)
+    ensure_table(spark, ident, work.source.name)
+    cl = tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=[], columns={})
+    led = ledger.Ledger(work.settings).table_ledger(cl.short)
+    new = ledger.not_yet_applied(files, led.files if led else {}, ident)
+    if not new:
+        return None
+    rows = change_rows(events.where(F.col("file").isin([f.path for f in new])), batch_id, spec.key_columns)
+    branch = ledger.audit_branch(batch_id)
+    branches.reset_branch(spark, cl, branch)
+    applied = [f.as_dict() for f in new if f.path not in work.held_files]
+    props = ledger.summary_properties(batch_id, applied, position_max=None, truncated_at=None, counts={})
+    attempt = props[ATTEMPT_PROPERTY] = uuid.uuid4().hex
+    with branches.snapshot_properties(spark, props):
+        rows.writeTo(branches.branch_ref(cl, branch)).append()
+    head = branches.branch_snapshot(spark, cl, branch)
+    mine = head is not None and spark.sql(
+        f"SELECT summary['{ATTEMPT_PROPERTY}'] AS a FROM {ident}.snapshots WHERE snapshot_id = {int(head)}"
+    ).collect() == [(attempt,)]
+    if not mine or head is None:
+        raise ConcurrentApply(f"another run is applying batch {batch_id} to {ident} at the same time (branch {branch!r} moved); retry")
+    return ident, int(head)
+
+
+def publish(led: ledger.Ledger, tr: Any) -> None:
+    """Fast-forward the change log of a validated table (``results.TableResult``)
+    before the table itself (see the module docstring)."""
+    if tr.changelog:
+        led.fast_forward(tr.changelog.split(".", 1)[1], tr.audit_branch, expected_head=tr.changelog_snapshot)

@@ -1,0 +1,116 @@
+"""The change log (``<table>_changes``, apply/changelog.py) on real Spark +
+Iceberg: every decoded change once, published only with its table."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from cdc_apply import ledger
+from cdc_apply.apply import changelog
+from tests.apply_harness import apply_events, event, live_rows
+from tests.reference_model import apply_model
+
+pytestmark = pytest.mark.spark
+COLS = {"id": "int", "name": "string", "amount": "decimal(10,2)"}
+_ns = itertools.count()
+
+
+@pytest.fixture
+def ns():
+    return f"changelog_{next(_ns)}"
+
+
+def changes(spark, settings, ns):
+    ident = f"{settings.catalog_name}.{ns}.items_changes"
+    if not spark.catalog.tableExists(ident):
+        return []
+    return spark.sql(f"SELECT * FROM {ident} ORDER BY file, line").collect()
+
+
+def _batch1(ns):
+    f = f"/virtual/{ns}/h1.jsonl"
+    return [
+        event("c", 1, {"name": "a", "amount": "1.00"}, pos=1, file=f, line=1),
+        event("c", 2, {"name": "b", "amount": "2.00"}, pos=2, file=f, line=2),
+        event("u", 1, {"name": "a2"}, pos=3, file=f, line=3),  # partial: amount not present
+        event("c", 2, {"name": "b", "amount": "2.00"}, pos=2, file=f, line=4),  # delivered twice
+    ]
+
+
+def _batch2(ns):
+    f = f"/virtual/{ns}/h2.jsonl"
+    return [event("d", 2, pos=5, file=f, line=1), event("u", 1, {"name": "a3", "amount": None}, pos=6, file=f, line=2)]
+
+
+def test_every_decoded_change_is_logged_once_with_its_images(spark, settings, ns):
+    b1, b2 = _batch1(ns), _batch2(ns)
+    r1 = apply_events(spark, settings, ns, b1, batch_tag="one")
+    r2 = apply_events(spark, settings, ns, b2, batch_tag="two")
+    assert r1.status == r2.status == "complete", (r1.message, r2.message)
+    rows = changes(spark, settings, ns)
+    assert [(r["file"].rsplit("/", 1)[1], r["line"], r["op"], r["key"]) for r in rows] == [
+        ("h1.jsonl", 1, "c", {"id": "1"}),
+        ("h1.jsonl", 2, "c", {"id": "2"}),
+        ("h1.jsonl", 3, "u", {"id": "1"}),
+        ("h1.jsonl", 4, "c", {"id": "2"}),  # the re-delivery is a decoded change too: logged, not applied
+        ("h2.jsonl", 1, "d", {"id": "2"}),
+        ("h2.jsonl", 2, "u", {"id": "1"}),
+    ]
+    assert [r["batch_id"] for r in rows] == [f"{ns}_one"] * 4 + [f"{ns}_two"] * 2
+    assert rows[2]["present"] == ["id", "name"] and rows[2]["after"] == {"id": "1", "name": "a2"}
+    assert rows[5]["present"] == ["amount", "id", "name"] and rows[5]["after"]["amount"] is None
+    assert rows[4]["before"] == {"id": "2"} and rows[4]["position"] == f"{5:020d}"
+    assert str(rows[0]["commit_ts"]).startswith("2023-11-14")
+    # applying a batch again adds nothing (the table and the change log skip its files)
+    again = apply_events(spark, settings, ns, _batch1(ns), batch_tag="one")
+    assert again.status == "complete"
+    assert len(changes(spark, settings, ns)) == 6
+    # the change log replays to the table (the reference model of its events)
+    model = apply_model(b1 + b2, ["id"], list(COLS))
+    got = live_rows(spark, settings, ns, "items", ["id"], COLS)
+    assert {tuple(k): v for k, v in got.items()} == {k: {c: v.get(c) for c in COLS} for k, v in model.items()}
+
+
+def test_killed_between_the_change_log_and_the_table_publish_logs_each_change_once(spark, settings, ns):
+    """The publish fast-forwards the change log, then dies before the table's:
+    the files come back in a batch formed with a later file (another batch
+    id); the table applies them, the change log only the later file."""
+    b1, b2 = _batch1(ns), _batch2(ns)
+    r = apply_events(spark, settings, ns, b1, batch_tag="one", stages=("validate",))
+    tr = r.tables[0]
+    assert tr.status == "validated" and tr.changelog.endswith(".items_changes")
+    changelog.publish(ledger.Ledger(settings), tr)  # the kill lands after this
+    assert len(changes(spark, settings, ns)) == 4
+    assert live_rows(spark, settings, ns, "items", ["id"], COLS) == {}
+    r2 = apply_events(spark, settings, ns, _batch1(ns) + b2, batch_tag="onetwo")
+    assert r2.status == "complete", r2.message
+    rows = changes(spark, settings, ns)
+    assert sorted((r["file"], r["line"]) for r in rows) == sorted((e.file, e.line) for e in b1 + b2)
+    assert {r["batch_id"] for r in rows if r["file"].endswith("h2.jsonl")} == {f"{ns}_onetwo"}
+    model = apply_model(b1 + b2, ["id"], list(COLS))
+    got = live_rows(spark, settings, ns, "items", ["id"], COLS)
+    assert {tuple(k): v for k, v in got.items()} == {k: {c: v.get(c) for c in COLS} for k, v in model.items()}
+
+
+def test_a_batch_failing_its_gate_logs_nothing_and_changelog_false_writes_no_table(spark, settings, ns):
+    good = [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)]
+    assert apply_events(spark, settings, ns, good).status == "complete"
+    conflict = [event("u", 1, {"name": "x"}, pos=7), event("u", 1, {"name": "y"}, pos=7)]  # one key, one position, two contents
+    r = apply_events(spark, settings, ns, conflict)
+    assert r.status == "failed" and "equal_position_conflict" in r.tables[0].message
+    assert len(changes(spark, settings, ns)) == 1  # its branch was written, main holds only the good batch
+    off = f"{ns}_off"
+    assert apply_events(spark, settings, off, good, changelog=False).status == "complete"
+    assert not spark.catalog.tableExists(f"{settings.catalog_name}.{off}.items_changes")
+
+
+def test_a_source_table_named_like_a_change_log_is_refused_not_appended_to(spark, settings, ns):
+    assert (
+        apply_events(spark, settings, ns, [event("c", 1, {"name": "a"}, pos=1, table="items_changes")], changelog=False).status
+        == "complete"
+    )
+    r = apply_events(spark, settings, ns, [event("c", 1, {"name": "b"}, pos=2)])
+    assert r.status == "failed" and r.tables[0].terminal and "is a table, not the change log" in r.tables[0].message
+    assert spark.table(f"{settings.catalog_name}.{ns}.items_changes").count() == 1

@@ -115,3 +115,15 @@ def test_every_identifier_that_reaches_sql_is_quoted_or_refused(spark, name):
         pass
     else:
         assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name), name
+
+
+def test_a_kill_that_never_landed_is_void_not_a_pass():
+    """A kill trial whose armed run ended before its kill point tested
+    nothing: reported VOID and not counted among the kills that passed."""
+    from tests.nemesis.trial import Trial
+
+    void = Trial("kill", "publish@fast-forwarded", figures={"killed": 0})
+    landed = Trial("kill", "publish@fast-forwarded", figures={"killed": 1})
+    assert void.void and void.line().startswith("VOID")
+    assert not landed.void and landed.line().startswith("PASS")
+    assert Trial("kill", "x", problems=["differs"], figures={"killed": 0}).line().startswith("FAIL")

@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                 for k, v in t.figures.items():
                     if isinstance(v, int):
                         figures[k] = figures.get(k, 0) + v
-            print(f"{kind:<12} {len(mine)} run, {sum(t.passed for t in mine)} passed  {figures}")
+            void = sum(t.passed and t.void for t in mine)
+            print(f"{kind:<12} {len(mine)} run, {sum(t.passed and not t.void for t in mine)} passed, {void} void  {figures}")
     return 0 if all(t.passed for t in trials) else 1
 
 

@@ -19,8 +19,14 @@ class Trial:
     def passed(self) -> bool:
         return not self.problems
 
+    @property
+    def void(self) -> bool:
+        """A kill trial whose kill never landed (the armed run ended first):
+        it passed, but it tested nothing and is not counted as a kill."""
+        return self.kind == "kill" and self.figures.get("killed") == 0
+
     def line(self) -> str:
-        verdict = "PASS" if self.passed else "FAIL"
+        verdict = "FAIL" if not self.passed else "VOID" if self.void else "PASS"
         extra = f" {self.figures}" if self.figures else ""
         notes = f" ({'; '.join(self.notes)})" if self.notes else ""
         out = f"{verdict} {self.kind:<11} {self.name} [{self.seconds:.0f}s]{extra}{notes}"

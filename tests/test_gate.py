@@ -29,7 +29,8 @@ def main_snapshot(spark, settings, ns):
 
 
 def refs(spark, settings, ns):
-    return {r[0] for r in spark.sql(f"SELECT name FROM {settings.catalog_name}.{ns}.items.refs").collect()}
+    """The table's branches (each publish also tags its snapshot ``cdc_<batch>`` for as-of)."""
+    return {r[0] for r in spark.sql(f"SELECT name FROM {settings.catalog_name}.{ns}.items.refs WHERE type = 'BRANCH'").collect()}
 
 
 def ledger_rows(settings, ns, batch_id):

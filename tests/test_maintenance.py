@@ -3,6 +3,8 @@ orphan removal, tombstone purge — and never under an open audit branch."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from cdc_apply import ledger
@@ -20,7 +22,12 @@ def test_maintenance_compacts_expires_and_purges(spark, settings):
     apply_events(spark, settings, ns, [event("d", 10, pos=50)])
     ident = f"{settings.catalog_name}.{ns}.items"
     files_before = spark.sql(f"SELECT count(*) FROM {ident}.files").collect()[0][0]
-    unreferenced = f"SELECT count(*) FROM {ident}.snapshots WHERE snapshot_id NOT IN (SELECT snapshot_id FROM {ident}.refs)"
+    time.sleep(1.1)  # expiry's cut-off is in whole seconds: every batch's commit strictly before it
+    started = spark.sql("SELECT current_timestamp()").collect()[0][0]
+    unreferenced = (
+        f"SELECT count(*) FROM {ident}.snapshots WHERE snapshot_id NOT IN (SELECT snapshot_id FROM {ident}.refs) "
+        f"AND committed_at < TIMESTAMP '{started:%Y-%m-%d %H:%M:%S.%f}'"
+    )
     report = maintain_source(
         spark,
         settings,
@@ -31,7 +38,8 @@ def test_maintenance_compacts_expires_and_purges(spark, settings):
     assert spark.sql(f"SELECT count(*) FROM {ident} WHERE _cdc_deleted").collect()[0][0] == 0  # tombstone purged
     assert sorted(r["id"] for r in spark.table(ident).collect()) == [11, 12]
     assert spark.sql(f"SELECT count(*) FROM {ident}.files").collect()[0][0] < files_before  # compacted
-    # expired: the purge's and compaction's own commits too; main and the publish tags (as-of) are kept
+    # expired: every batch's commit that neither main nor a publish tag (as-of) keeps (the maintenance's own
+    # commits are younger than the cut-off, taken in whole seconds, and may stay)
     assert spark.sql(unreferenced).collect()[0][0] == 0
 
 
@@ -110,7 +118,9 @@ def test_maintenance_folds_the_delete_files_of_a_merge_on_read_source(spark, set
     ident = f"{settings.catalog_name}.{ns}.items"
 
     def delete_files():
-        return spark.sql(f"SELECT count(*) FROM {ident}.files WHERE content = 1").collect()[0][0]
+        """Position deletes that point at a live data file (merged at read time)."""
+        live = f"SELECT file_path FROM {ident}.files WHERE content = 0"
+        return spark.sql(f"SELECT count(*) FROM {ident}.position_deletes WHERE file_path IN ({live})").collect()[0][0]
 
     def table():
         return sorted(tuple(r) for r in spark.table(ident).drop("_cdc_applied_at").collect())

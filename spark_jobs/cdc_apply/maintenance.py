@@ -71,7 +71,11 @@ def _call(spark: SparkSession, identifier: str, procedure: str, args: str = "") 
 
 
 def _compact(spark: SparkSession, identifier: str) -> dict:
-    return _call(spark, identifier, "rewrite_data_files", "options => map('min-input-files', '2')")[0].asDict()
+    """Small files together (two or more), and any data file that position
+    deletes point at rewritten alone: a merge-on-read table whose new keys
+    are appended can hold one data file that every later MERGE deletes from."""
+    options = "options => map('min-input-files', '2', 'delete-file-threshold', '1')"
+    return _call(spark, identifier, "rewrite_data_files", options)[0].asDict()
 
 
 def _expire(spark: SparkSession, identifier: str, retention: Retention) -> dict:

@@ -52,7 +52,10 @@ def read_state(home: str, namespace: str) -> dict[str, Any]:
         table = catalog.load_table(ident)
         state["tables"][ident] = _rows(table)
         state["files"][ident] = _file_batches(table)
-        state["refs"][ident] = sorted(n for n in table.metadata.refs if n != "main")
+        # branches only: every publish also tags its snapshot cdc_<batch> (as-of), which is no leftover
+        state["refs"][ident] = sorted(n for n, r in table.metadata.refs.items() if n != "main" and r.snapshot_ref_type == "branch")
+        if "cdc.changelog-of" in table.properties:
+            state.setdefault("changelogs", []).append(ident)
     try:
         batches = (
             catalog.load_table("cdc_audit.batches")
@@ -85,7 +88,12 @@ def invariants(state: dict[str, Any]) -> list[str]:
     bad += [f"batch {bid} recorded complete {n} times" for bid, n in Counter(b[0] for b in done).items() if n > 1]
     bad += [f"file {p} in {n} complete batches" for p, n in Counter(p for b in done for p in b[2]).items() if n > 1]
     bad += [f"quarantine row doubled: {q}" for q, n in Counter(map(tuple, state["quarantine"])).items() if n > 1]
+    changelogs = set(state.get("changelogs", []))
     for ident, rows in state["tables"].items():
+        if ident in changelogs:  # one row per change: each (file, line) logged once
+            lines = Counter((d.get("file"), d.get("line"), d.get("position")) for d in map(json.loads, rows))
+            bad += [f"{ident}: change {k} logged {n} times" for k, n in lines.items() if n > 1]
+            continue
         keys = Counter(json.loads(r).get("id") for r in rows)
         bad += [f"{ident}: key {k} has {n} rows" for k, n in keys.items() if n > 1]
     return bad

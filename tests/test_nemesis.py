@@ -15,6 +15,18 @@ from hypothesis import strategies as st
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """The in-process kinds point CDC_SOURCES_FILE at their own work folders:
+    the tests after these must read the project's sources file again."""
+    import os
+
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def _ok(trial) -> None:
     print(trial.line())
     assert trial.passed, trial.line()

@@ -79,7 +79,9 @@ def test_hostile_messages_of_every_format_are_accounted_for(spark, settings, tmp
 def test_hostile_identifiers_are_refused_or_stored_exactly_and_inject_nothing(spark, settings, tmp_path):
     from tests.nemesis import identifiers
 
-    names = ["x; DROP TABLE {victim}", "a`b", "a.b", "ключ", "x" * 300, "a\x00b"]
+    # a CI sample (one batch per name and role, ~30 s each): injection, a quote and a dot;
+    # the long run (`python -m tests.nemesis --kinds identifiers`) tries every hostile name
+    names = ["x; DROP TABLE {victim}", "a`b", "a.b"]
     trial = identifiers.identifier_trial(spark, settings, tmp_path, seed=18, names=names)
     _ok(trial)
     assert trial.figures["identifiers"] == len(names) * len(identifiers.ROLES)

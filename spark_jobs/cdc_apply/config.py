@@ -57,15 +57,17 @@ def spark_home(env: Mapping[str, str] | None = None) -> Path:
     return Path(env["SPARK_HOME"]) if env.get("SPARK_HOME") else pip_spark_home()
 
 
-def _positive_days(name: str, default: float) -> float:
-    """A number of days from the environment, refused once with what to set."""
+def _env_days(name: str, default: float, *, zero: bool = False) -> float:
+    """A number of days from the environment (``default`` when unset), refused
+    once, naming the variable, when it is not a number or is negative (or
+    zero, unless ``zero`` allows it)."""
     text = _env(name, "").strip()
     try:
         days = float(text) if text else default
     except ValueError:
-        days = -1.0
-    if not days > 0:
-        raise ConfigError(f"{name}={text!r}: give a number of days above 0 (default {default:g})")
+        raise ConfigError(f"{name}={text!r} is not a number of days (default {default:g})") from None
+    if days < 0 or (days == 0 and not zero):
+        raise ConfigError(f"{name} must be {'>= 0' if zero else 'above 0'} days, got {days:g}")
     return days
 
 
@@ -193,7 +195,7 @@ class Settings:
             verify_applied=verify_applied,
             s3=S3Options.from_env(),
             driver_memory=_env("CDC_SPARK_DRIVER_MEMORY", "3g"),
-            asof_days=_positive_days("CDC_ASOF_RETENTION_DAYS", 7.0),
+            asof_days=_env_days("CDC_ASOF_RETENTION_DAYS", 7.0),
             log_verbose=_env("CDC_LOG_VERBOSE", "").strip().lower() in {"1", "true", "yes", "on"},
             worker_python=_env("CDC_PYSPARK_PYTHON", sys.executable),
             expectations_dir=Path(_env("CDC_EXPECTATIONS_DIR", str(PROJECT_ROOT / "include" / "expectations"))),
@@ -412,17 +414,11 @@ class Retention:
         ``CDC_TOMBSTONE_RETENTION_DAYS``, then the defaults (7 days each)."""
 
         def pick(value: float | None, env: str, default: float) -> float:
-            if value is not None:
-                days = float(value)
-            else:
-                text = os.environ.get(env, "").strip()
-                try:
-                    days = float(text) if text else default
-                except ValueError:
-                    raise ConfigError(f"{env}={text!r} is not a number of days") from None
-            if days < 0:
-                raise ConfigError(f"{env} must be >= 0 days, got {days}")
-            return days
+            if value is None:
+                return _env_days(env, default, zero=True)
+            if float(value) < 0:
+                raise ConfigError(f"{env} must be >= 0 days, got {float(value):g}")
+            return float(value)
 
         return cls(
             snapshot_days=pick(snapshot_days, "CDC_SNAPSHOT_RETENTION_DAYS", cls.snapshot_days),

@@ -64,7 +64,8 @@ def test_delete_of_unknown_key_is_a_counted_noop_and_blocks_late_insert(spark, s
     r = apply_events(spark, settings, ns, [event("d", 5, pos=20)])
     assert r.tables[0].counts["noop_deletes"] == 1
     late = apply_events(spark, settings, ns, [event("c", 5, {"name": "zombie", "amount": "1.00"}, pos=10, file="/virtual/late")])
-    assert late.tables[0].counts["superseded"] == 1
+    # it fills the state the tombstone keeps (what a key change's new key would inherit), and stays dead
+    assert (late.tables[0].counts["filled"], late.tables[0].counts["superseded"]) == (1, 0)
     assert rows(spark, settings, ns) == {}
 
 
@@ -248,7 +249,8 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
     spec = tables.TableSpec(identifier=ident, short=f"{ns}.items", key_columns=["id"], columns=COLS)
     spark.sql(  # one net change, shaped as compact.merge_source
         "SELECT CAST(id AS int) AS id, 'x' AS name, CAST(1 AS decimal(10,2)) AS amount, array('name') AS _cdc_present, 'upsert' AS _cdc_action, "
-        "map('name', '9') AS _cdc_cpos, CAST(NULL AS string) AS _cdc_delpos, '9' AS _cdc_pos, 'u' AS _cdc_op, current_timestamp() AS _cdc_commit_ts, CAST(NULL AS string) AS _cdc_tx_id FROM range(102, 103)"
+        "map('name', '9') AS _cdc_cpos, CAST(NULL AS string) AS _cdc_delpos, '9' AS _cdc_pos, 'u' AS _cdc_op, current_timestamp() AS _cdc_commit_ts, CAST(NULL AS string) AS _cdc_tx_id, "
+        "'9' AS _cdc_cid, cast(map() AS map<string,string>) AS _cdc_inh FROM range(102, 103)"
     ).createOrReplaceTempView("_probe")
     plan = spark.sql("EXPLAIN " + merge.merge_sql(spec, "main", "_probe", "probe", {"id": (101, 103)})).collect()[0][0]
     scans = [line for line in plan.splitlines() if "BatchScan" in line and ident in line]
@@ -331,11 +333,12 @@ def test_the_one_event_short_cuts_fold_as_the_general_fold(spark, monkeypatch):
     def folded(key_events) -> dict:
         df = spark.createDataFrame(
             [
-                (k, p, f, ln, op, after, None, f"tx{k}", label, live, "p00" if live else None, key_events(k))
+                (k, p, f, ln, op, after, None, f"tx{k}", label, live, "p00" if live else None, key_events(k), f"{p}|{k}", None)
                 for k, p, f, ln, op, after, label, live in rows
             ],
             "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint, _cdc_op string, _cdc_after map<string,string>, "
-            "_cdc_commit_ts timestamp, _cdc_tx_id string, _cdc_label string, _cdc_stored_live boolean, _cdc_stored_pos string, _cdc_key_events bigint",
+            "_cdc_commit_ts timestamp, _cdc_tx_id string, _cdc_label string, _cdc_stored_live boolean, _cdc_stored_pos string, _cdc_key_events bigint, "
+            "_cdc_change_id string, _cdc_inh map<string,string>",
         )
         return {r["id"]: r.asDict() for r in compact.fold_per_key(df, ["id"]).collect()}
 
@@ -344,7 +347,9 @@ def test_the_one_event_short_cuts_fold_as_the_general_fold(spark, monkeypatch):
     monkeypatch.setattr(compact, "_ONE_OR_FOLD", compact._FOLD)
     assert short == grouped == folded(lambda k: 2)
     assert short[1]["_cdc_vals"] == {"id": "1", "a": "x"} and short[1]["_cdc_delpos"] is None
-    assert short[2]["_cdc_action"] == "delete" and short[2]["_cdc_delpos"] == "p06"
+    # a delete carries the state just before it (its tombstone keeps the stored row's values)
+    assert short[2]["_cdc_action"] == "delete" and short[2]["_cdc_delpos"] is None and short[2]["_cdc_vals"] == {}
+    assert short[2]["_cdc_pos"] == "p06" and short[2]["_cdc_cid"] == "p06|2"
     assert short[3]["_cdc_vals"] == {"id": "3"} and short[3]["_cdc_events"] == 1 and not short[3]["_cdc_stored_live"]
     assert short[4]["_cdc_vals"] == {"id": "4", "b": "new"} and short[4]["_cdc_delpos"] == "p02"
     assert short[5]["_cdc_vals"] == {"id": "5", "b": "z", "a": "y"} and short[5]["_cdc_pos"] == "p09"
@@ -520,12 +525,8 @@ def test_a_chain_of_key_changes_in_one_batch_carries_the_values_through(spark, s
 # not hold it yet: the stored rows do not remember which key change made them
 # (docs/apply-semantics.md rule 3, "a known gap").  strict: each test fails the
 # run once the gap is closed, so the marker cannot outlive the fix.
-KEY_CHANGE_GAP = pytest.mark.xfail(
-    strict=True, reason="known gap (issue 17): a key change split across batches does not inherit; see docs/apply-semantics.md rule 3"
-)
 
 
-@KEY_CHANGE_GAP
 def test_key_change_whose_insert_half_arrives_first(spark, settings, ns):
     first = [event("c", 7, {"name": "big", "amount": "1.00"}, pos=1)]
     d, c = _moved(7, 107, {"amount": "2.00"}, pos=5)  # name left out (unchanged TOAST)
@@ -535,7 +536,6 @@ def test_key_change_whose_insert_half_arrives_first(spark, settings, ns):
     check_model(spark, settings, ns, batches)
 
 
-@KEY_CHANGE_GAP
 def test_key_change_whose_delete_half_arrives_first(spark, settings, ns):
     first = [event("c", 7, {"name": "big", "amount": "1.00"}, pos=1)]
     d, c = _moved(7, 107, {"amount": "2.00"}, pos=5)
@@ -545,7 +545,6 @@ def test_key_change_whose_delete_half_arrives_first(spark, settings, ns):
     check_model(spark, settings, ns, batches)
 
 
-@KEY_CHANGE_GAP
 def test_key_change_before_a_late_update_of_its_old_key(spark, settings, ns):
     first = [event("c", 7, {"name": "big", "amount": "1.00"}, pos=1)]
     late = [event("u", 7, {"name": "bigger"}, pos=3)]
@@ -605,7 +604,9 @@ def test_new_keys_are_appended_and_stored_keys_merged_in_one_batch(spark, settin
     }
     assert len(stored) == 7 and spark.table(ident).count() == 7  # no key twice
     assert stored[11] == (False, f"{13:020d}", {"amount": ""}, r.batch_id)  # never set: lower than any position, may be filled
-    assert stored[12][:3] == (True, f"{15:020d}", {}) and stored[13][:3] == (True, f"{16:020d}", {})
+    # a tombstone keeps the state just before its delete (rule 3): 12's insert, nothing for 13
+    assert stored[12][:3] == (True, f"{15:020d}", {"name": f"{14:020d}", "amount": f"{14:020d}"})
+    assert stored[13][:3] == (True, f"{16:020d}", {"name": "", "amount": ""})
     assert stored[10][:3] == (False, f"{17:020d}", {"name": f"{12:020d}"})
     assert stored[1][:3] == (False, f"{10:020d}", {"amount": f"{1:020d}"})
     # one MERGE of the 2 stored keys, then one append of the 4 new keys (tombstones included), nothing else

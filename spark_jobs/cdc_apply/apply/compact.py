@@ -77,6 +77,7 @@ def prepare_events(events: DataFrame, key_types: dict[str, str]) -> DataFrame:
         F.col("file").alias("_cdc_file"),
         F.col("line").alias("_cdc_line"),
         (F.col("change_id") if "change_id" in events.columns else F.lit(None).cast("string")).alias("_cdc_change_id"),
+        F.lit(None).cast("map<string,string>").alias("_cdc_inh"),
     )
 
 
@@ -126,9 +127,9 @@ def label_against_target(
 
     ``target_state`` has the key columns, ``_cdc_position``, ``_cdc_deleted``
     and ``_cdc_col_pos`` (tombstones included: a deleted key remembers its
-    position).  An event older than the stored row still applies when the
-    row is live and one of its columns was last set at a lower position than
-    the event's (``_cdc_stored_min_pos``): a late event fills what the later
+    position).  An event older than the stored row still applies when one of
+    its columns was last set at a lower position than the event's (a
+    tombstone's columns hold the state just before its delete) (``_cdc_stored_min_pos``): a late event fills what the later
     partial events did not carry, whatever the delivery order.
 
     ``prune_state``: first keep only the stored rows whose key is in the batch
@@ -141,7 +142,8 @@ def label_against_target(
         *[quote(k) for k in key_cols],
         F.col("_cdc_position").alias("_cdc_stored_pos"),
         live.alias("_cdc_stored_live"),
-        F.when(live, F.coalesce(F.array_min(F.map_values(F.col("_cdc_col_pos"))), F.col("_cdc_position"))).alias("_cdc_stored_min_pos"),
+        # a tombstone keeps the state just before its delete: a late event may fill it too
+        F.coalesce(F.array_min(F.map_values(F.col("_cdc_col_pos"))), F.col("_cdc_position")).alias("_cdc_stored_min_pos"),
     )
     if prune_state:
         state = state.join(F.broadcast(events.select(*[quote(k) for k in key_cols])), on=key_cols, how="left_semi")
@@ -189,7 +191,7 @@ aggregate(
 
 
 def inherit_moved_columns(
-    prepared: DataFrame, stored: DataFrame, key_cols: list[str], columns: dict[str, str]
+    prepared: DataFrame, stored: DataFrame, key_cols: list[str], columns: dict[str, str], *, batch_deletes: bool = True
 ) -> tuple[DataFrame, DataFrame]:
     """The insert half of a primary-key change inherits what it does not carry.
 
@@ -199,28 +201,79 @@ def inherit_moved_columns(
     UPDATE).  The insert may leave columns out (an unchanged TOASTed value
     arrives as Debezium's unavailable-value placeholder, a Qlik mask bit 0):
     their value is the old key's as of just before the delete, taken from the
-    old key's earlier events in this batch over its stored live row.
+    old key's earlier events in this batch over its stored live row — or,
+    when the delete half came in an earlier batch, from the old key's
+    tombstone, which keeps the state just before its delete (``_cdc_change_id``
+    names the delete).
 
-    Returns ``prepared`` with the inserts' ``_cdc_after`` completed, and the
-    pairs found (``_m_cid``, the insert's lineage) for the caller's counts.
-    Inserts whose delete half is not in this batch stay as they are (counted
-    by ``accounting`` as ``partial_inserts``).
+    Returns ``prepared`` with the inserts' ``_cdc_after`` completed and
+    ``_cdc_inh`` naming the inherited columns (-> the insert's position, so
+    that a later refresh from the old key's tombstone, ``merge.refresh_inherited``,
+    knows which values came from it), and the pairs found (``_m_cid``, the
+    insert's lineage) for the caller's counts.  An insert whose delete half
+    has not arrived yet keeps those columns unset (``partial_inserts``); the
+    delete half's batch fills them (``merge.refresh_inherited``).
 
     Long because the pairing, the state before the change and the fill are
     one Spark plan whose steps share their column lists."""
     keys = [quote(k) for k in key_cols]
     cid = F.col("_cdc_change_id")
     old = [f"_m_old{i}" for i in range(len(key_cols))]
-    deletes = prepared.where((F.col("_cdc_op") == "d") & cid.isNotNull()).select(
-        cid.alias("_m_cid"), *[F.col(k).alias(o) for k, o in zip(keys, old)], F.col(META_POS).alias("_m_pos")
-    )
-    partial = prepared.where((F.col("_cdc_op") != "d") & cid.isNotNull() & (F.size("_cdc_after") < len(columns))).select(
-        cid.alias("_m_cid"), *keys, "_cdc_file", "_cdc_line"
+    partial = (
+        prepared.where((F.col("_cdc_op") != "d") & cid.isNotNull() & (F.size("_cdc_after") < len(columns)))
+        .select(cid.alias("_m_cid"), *keys, "_cdc_file", "_cdc_line", F.col(META_POS).alias("_m_ipos"))
+        .persist()
     )
     same_key = functools.reduce(operator.and_, [F.col(quote(k)).eqNullSafe(F.col(o)) for k, o in zip(key_cols, old)])
-    pairs = partial.join(deletes, "_m_cid").where(~same_key).drop(*key_cols).persist()
-    if pairs.isEmpty():
-        return prepared, pairs
+    try:
+        if partial.isEmpty():
+            return prepared.withColumn("_cdc_inh", F.lit(None).cast("map<string,string>")), partial.select("_m_cid")
+        deletes = prepared.where((F.col("_cdc_op") == "d") & cid.isNotNull()).select(
+            cid.alias("_m_cid"), *[F.col(k).alias(o) for k, o in zip(keys, old)], F.col(META_POS).alias("_m_pos")
+        )
+        pairs = (
+            partial.join(deletes, "_m_cid").where(~same_key).drop(*key_cols, "_m_ipos")
+            if batch_deletes
+            else partial.limit(0).select("_m_cid", "_cdc_file", "_cdc_line", *[F.lit(None).alias(o) for o in old], F.lit("").alias("_m_pos"))
+        ).persist()
+        # the delete half in an earlier batch: its tombstone keeps the state before the change
+        tomb_state = stored.where(F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & cid.isNotNull()).select(
+            cid.alias("_m_cid"),
+            *[F.col(k).alias(o) for k, o in zip(keys, old)],
+            F.col("_cdc_position").alias("_m_pos"),
+            _row_data(columns).alias("_m_data"),
+        )
+        by_tomb = (
+            partial.join(pairs.select("_m_cid"), "_m_cid", "left_anti")
+            .join(tomb_state, "_m_cid")
+            .where(~same_key & (F.col("_m_pos") <= F.col("_m_ipos")))
+            .select("_m_cid", F.col("_cdc_file").alias("_m_file"), F.col("_cdc_line").alias("_m_line"), "_m_data")
+            .persist()
+        )
+        if pairs.isEmpty() and by_tomb.isEmpty():
+            pairs.unpersist()
+            by_tomb.unpersist()
+            return prepared.withColumn("_cdc_inh", F.lit(None).cast("map<string,string>")), partial.limit(0).select("_m_cid")
+        found = pairs.select("_m_cid").unionByName(by_tomb.select("_m_cid")).persist()
+        found.count()
+        completed = _inherit(prepared, stored, pairs, by_tomb, key_cols, columns)
+        pairs.unpersist()
+        by_tomb.unpersist()
+        return completed, found
+    finally:
+        partial.unpersist()
+
+
+def _row_data(columns: dict[str, str]) -> Column:
+    """A stored row's columns as canonical text (NULLs included: a NULL is a value to inherit)."""
+    return F.create_map(*[x for c, t in columns.items() for x in (F.lit(c), text_of(F.col(quote(c)), t))])
+
+
+def _inherit(
+    prepared: DataFrame, stored: DataFrame, pairs: DataFrame, by_tomb: DataFrame, key_cols: list[str], columns: dict[str, str]
+) -> DataFrame:
+    """Complete the paired inserts' ``_cdc_after`` (see inherit_moved_columns)."""
+    old = [f"_m_old{i}" for i in range(len(key_cols))]
     on = functools.reduce(operator.and_, [F.col(quote(k)) == F.col(o) for k, o in zip(key_cols, old)])
     event = F.struct(
         F.col(META_POS).alias("pos"),
@@ -229,29 +282,36 @@ def inherit_moved_columns(
         F.col("_cdc_op").alias("op"),
         F.coalesce(F.col("_cdc_after"), F.create_map().cast("map<string,string>")).alias("after"),
     )
-    data = F.create_map(*[x for c, t in columns.items() for x in (F.lit(c), text_of(F.col(quote(c)), t))])
     # the pair's own lineage names the insert; rename so both sides agree
     pb = F.broadcast(pairs.withColumnRenamed("_cdc_file", "_m_file").withColumnRenamed("_cdc_line", "_m_line"))
-    table_event = F.struct(
-        F.col("_cdc_position").alias("pos"),
-        F.lit("").alias("file"),
-        F.lit(0).cast("bigint").alias("line"),
-        F.lit("u").alias("op"),
-        data.alias("after"),
-    )
+
+    def table_event(pos: Column, data: Column) -> Column:
+        return F.struct(pos.alias("pos"), F.lit("").alias("file"), F.lit(0).cast("bigint").alias("line"), F.lit("u").alias("op"), data.alias("after"))
+
     from_table = (
         stored.join(pb, on)
-        .where(~F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & (F.col("_cdc_position") < F.col("_m_pos")))
-        .select("_m_file", "_m_line", table_event.alias("e"))
+        .where(
+            # its live row before the change, or (the delete half applied before) its tombstone of this change
+            ~F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & (F.col("_cdc_position") < F.col("_m_pos"))
+            | F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & (F.col("_cdc_change_id") == F.col("_m_cid"))
+        )
+        .select(
+            "_m_file",
+            "_m_line",
+            table_event(F.when(F.col("_cdc_deleted"), F.lit("")).otherwise(F.col("_cdc_position")), _row_data(columns)).alias("e"),
+        )
     )
+    from_tomb = by_tomb.select("_m_file", "_m_line", table_event(F.lit(""), F.col("_m_data")).alias("e"))
+    original = prepared.withColumn("_m_carried", F.map_keys(F.coalesce(F.col("_cdc_after"), F.create_map().cast("map<string,string>"))))
     # A chain of key changes (1 -> 2 -> 3 in one transaction) makes an insert
     # inherit from an insert that inherits in turn: repeat over the completed
     # events until no insert gains a column (one round more than the chain).
-    completed, cached = prepared, None
+    completed, cached = original, None
     for _ in range(MAX_KEY_CHANGE_CHAIN + 1):
         from_batch = completed.join(pb, on).where(F.col(META_POS) < F.col("_m_pos")).select("_m_file", "_m_line", event.alias("e"))
         inherited = (
             from_batch.unionByName(from_table)
+            .unionByName(from_tomb)
             .groupBy("_m_file", "_m_line")
             .agg(F.collect_list("e").alias("hist"))
             .select(F.col("_m_file").alias("_cdc_file"), F.col("_m_line").alias("_cdc_line"), F.expr(_STATE_BEFORE).alias("_m_inherited"))
@@ -276,7 +336,11 @@ def inherit_moved_columns(
         cached, completed = richer, richer.drop("_m_gain")
         if not gained:
             break
-    return completed, pairs
+    inh = F.array_except(F.map_keys("_cdc_after"), F.col("_m_carried"))
+    return completed.withColumn(
+        "_cdc_inh",
+        F.when(F.size(inh) > 0, F.map_from_arrays(inh, F.array_repeat(F.col(META_POS), F.size(inh)))),
+    ).drop("_m_carried")
 
 
 _FOLD = (
@@ -288,18 +352,33 @@ aggregate(
   named_struct('deleted', false, 'vals', cast(map() AS map<string,string>),
                'cpos', cast(map() AS map<string,string>), 'delpos', cast(NULL AS string),
                'pos', cast(NULL AS string), 'op', cast(NULL AS string),
-               'commit_ts', cast(NULL AS timestamp), 'tx_id', cast(NULL AS string)),
+               'commit_ts', cast(NULL AS timestamp), 'tx_id', cast(NULL AS string),
+               'cid', cast(NULL AS string), 'inh', cast(map() AS map<string,string>),
+               'bvals', cast(map() AS map<string,string>), 'bcpos', cast(map() AS map<string,string>),
+               'bdelpos', cast(NULL AS string)),
   (acc, e) -> CASE WHEN e.op = 'd'
     THEN named_struct('deleted', true, 'vals', cast(map() AS map<string,string>),
                       'cpos', cast(map() AS map<string,string>), 'delpos', e.pos,
-                      'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id)
+                      'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id,
+                      'cid', e.cid, 'inh', cast(map() AS map<string,string>),
+                      'bvals', acc.vals, 'bcpos', acc.cpos, 'bdelpos', acc.delpos)
     ELSE named_struct('deleted', false, 'vals', map_concat(acc.vals, e.after),
                       'cpos', map_concat(acc.cpos, map_from_arrays(map_keys(e.after), array_repeat(e.pos, size(e.after)))),
                       'delpos', acc.delpos,
-                      'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id)
+                      'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id,
+                      'cid', CASE WHEN acc.deleted OR acc.cid IS NULL THEN e.cid ELSE acc.cid END,
+                      'inh', CASE WHEN acc.deleted THEN e.inh ELSE map_concat(acc.inh, e.inh) END,
+                      'bvals', acc.bvals, 'bcpos', acc.bcpos, 'bdelpos', acc.bdelpos)
   END)
 """
 )
+"""The fold of a key's events.  ``vals``/``cpos``/``delpos``: the row as the
+batch leaves it (columns set since its last delete, and that delete);
+``bvals``/``bcpos``/``bdelpos``: the same just before its last delete — what
+a tombstone keeps, so that the insert half of a primary-key change arriving
+later, or a late event of the deleted key, still finds the state before the
+delete; ``cid``: the change id of the delete, or of the event that began the
+row's life; ``inh``: the columns inherited from a key change's old key."""
 # The fold of a key's only event, written out over one event ``{e}`` (a struct
 # of fold_per_key's ``ev``, whose ``after`` is never null): most keys of a
 # batch have one, and the fold's lambdas (array_sort's comparator,
@@ -308,11 +387,17 @@ _ONE_EVENT = """
 CASE WHEN {e}.op = 'd'
   THEN named_struct('deleted', true, 'vals', cast(map() AS map<string,string>),
                     'cpos', cast(map() AS map<string,string>), 'delpos', {e}.pos,
-                    'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id)
+                    'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id,
+                    'cid', {e}.cid, 'inh', cast(map() AS map<string,string>),
+                    'bvals', cast(map() AS map<string,string>), 'bcpos', cast(map() AS map<string,string>),
+                    'bdelpos', cast(NULL AS string))
   ELSE named_struct('deleted', false, 'vals', {e}.after,
                     'cpos', map_from_arrays(map_keys({e}.after), array_repeat({e}.pos, size({e}.after))),
                     'delpos', cast(NULL AS string),
-                    'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id)
+                    'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id,
+                    'cid', {e}.cid, 'inh', {e}.inh,
+                    'bvals', cast(map() AS map<string,string>), 'bcpos', cast(map() AS map<string,string>),
+                    'bdelpos', cast(NULL AS string))
 END
 """
 _ONE_OR_FOLD = "CASE WHEN size(evs) = 1 THEN " + _ONE_EVENT.format(e="evs[0]") + " ELSE " + _FOLD + " END"
@@ -345,6 +430,8 @@ def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
         F.coalesce(F.col("_cdc_after"), F.create_map().cast("map<string,string>")).alias("after"),
         F.col("_cdc_commit_ts").alias("commit_ts"),
         F.col("_cdc_tx_id").alias("tx_id"),
+        F.col("_cdc_change_id").alias("cid"),
+        F.coalesce(F.col("_cdc_inh"), F.create_map().cast("map<string,string>")).alias("inh"),
     )
     applied = events.where(F.col("_cdc_label") == APPLY)
     alone = (
@@ -368,12 +455,15 @@ def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
 
 def _folded_columns(df: DataFrame, keys: list[str]) -> DataFrame:
     newer = F.col("_cdc_stored_pos").isNull() | (F.col("_f.pos") > F.col("_cdc_stored_pos"))
+    tombstone = newer & F.col("_f.deleted")  # keeps the state just before its delete
     return df.select(
         *keys,
         F.when(~newer, F.lit("fill")).when(F.col("_f.deleted"), F.lit("delete")).otherwise(F.lit("upsert")).alias("_cdc_action"),
-        F.col("_f.vals").alias("_cdc_vals"),
-        F.col("_f.cpos").alias("_cdc_cpos"),
-        F.col("_f.delpos").alias("_cdc_delpos"),
+        F.when(tombstone, F.col("_f.bvals")).otherwise(F.col("_f.vals")).alias("_cdc_vals"),
+        F.when(tombstone, F.col("_f.bcpos")).otherwise(F.col("_f.cpos")).alias("_cdc_cpos"),
+        F.when(tombstone, F.col("_f.bdelpos")).otherwise(F.col("_f.delpos")).alias("_cdc_delpos"),
+        F.col("_f.cid").alias("_cdc_cid"),
+        F.col("_f.inh").alias("_cdc_inh"),
         F.col("_f.pos").alias(META_POS),
         F.col("_f.op").alias("_cdc_op"),
         F.col("_f.commit_ts").alias("_cdc_commit_ts"),
@@ -395,6 +485,8 @@ def merge_source(folded: DataFrame, key_cols: list[str], columns: dict[str, str]
         "_cdc_action",
         "_cdc_cpos",
         "_cdc_delpos",
+        "_cdc_cid",
+        "_cdc_inh",
         META_POS,
         "_cdc_op",
         "_cdc_commit_ts",

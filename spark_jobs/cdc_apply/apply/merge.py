@@ -4,12 +4,14 @@ truncate watermark.  Branches themselves: ``branches``."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cdc_apply.apply.branches import branch_ref
+from cdc_apply.apply.branches import branch_ref, read_branch
 from cdc_apply.apply.compact import META_POS, NEVER_SET, quote
 from cdc_apply.apply.tables import INT_TYPES, TableSpec
 
@@ -133,6 +135,10 @@ def append_new_keys(spark: SparkSession, spec: TableSpec, branch: str, source: D
         F.lit(batch_id).alias("_cdc_batch_id"),
         F.current_timestamp().alias("_cdc_applied_at"),
         F.expr(new_col_pos(data_cols, "")).alias("_cdc_col_pos"),
+        F.col("_cdc_cid").alias("_cdc_change_id"),
+        F.when(F.col("_cdc_action") == "delete", F.create_map().cast("map<string,string>"))
+        .otherwise(F.col("_cdc_inh"))
+        .alias("_cdc_inherited"),
     )
     rows.writeTo(branch_ref(spec, branch)).append()
 
@@ -171,8 +177,15 @@ def merge_sql(
     def batch_pos(c: str) -> str:
         return _batch_pos(c, "s.")
 
+    # a tombstone's columns hold the state just before its delete: what a
+    # late (older) event competes with; a newer event finds them NULL at the delete
+    dead = f"(t._cdc_deleted AND {newer})"
+
     def stored_pos(c: str) -> str:
-        return f"(CASE WHEN t._cdc_deleted THEN t._cdc_position ELSE coalesce(t._cdc_col_pos['{_sql_str(c)}'], t._cdc_position) END)"
+        return f"(CASE WHEN {dead} THEN t._cdc_position ELSE coalesce(t._cdc_col_pos['{_sql_str(c)}'], t._cdc_position) END)"
+
+    def stored_val(c: str) -> str:
+        return f"(CASE WHEN {dead} THEN NULL ELSE t.{quote(c)} END)"
 
     def wins(c: str) -> str:
         return f"coalesce({batch_pos(c)} > {stored_pos(c)}, false)"
@@ -181,13 +194,19 @@ def merge_sql(
     matched_pos = ", ".join(f"'{_sql_str(c)}', CASE WHEN {wins(c)} THEN {batch_pos(c)} ELSE {stored_pos(c)} END" for c in data_cols)
     empty = "cast(map() AS map<string,string>)"
     col_pos_matched = f"map_filter(map({matched_pos}), (k, v) -> v < {row_pos})" if data_cols else empty
-    sets = [f"{quote(c)} = CASE WHEN {wins(c)} THEN s.{quote(c)} ELSE t.{quote(c)} END" for c in data_cols]
+    sets = [f"{quote(c)} = CASE WHEN {wins(c)} THEN s.{quote(c)} ELSE {stored_val(c)} END" for c in data_cols]
+    # the row's life goes on (no delete in between): it keeps the change that began it
+    goes_on = f"(NOT {newer} OR s._cdc_action = 'upsert' AND NOT t._cdc_deleted AND s._cdc_delpos IS NULL)"
+    empty_map = "cast(map() AS map<string,string>)"
     meta = [
         f"_cdc_col_pos = {col_pos_matched}",
         f"_cdc_op = CASE WHEN {newer} THEN s._cdc_op ELSE t._cdc_op END",
         f"_cdc_commit_ts = CASE WHEN {newer} THEN s._cdc_commit_ts ELSE t._cdc_commit_ts END",
         f"_cdc_tx_id = CASE WHEN {newer} THEN s._cdc_tx_id ELSE t._cdc_tx_id END",
         f"_cdc_deleted = CASE WHEN {newer} THEN s._cdc_action = 'delete' ELSE t._cdc_deleted END",
+        f"_cdc_change_id = CASE WHEN {goes_on} THEN coalesce(t._cdc_change_id, s._cdc_cid) ELSE s._cdc_cid END",
+        f"_cdc_inherited = CASE WHEN s._cdc_action = 'delete' THEN {empty_map} "
+        f"WHEN {goes_on} THEN map_concat(coalesce(t._cdc_inherited, {empty_map}), s._cdc_inh) ELSE s._cdc_inh END",
         f"_cdc_position = {row_pos}",
         f"_cdc_batch_id = '{batch}'",
         "_cdc_applied_at = current_timestamp()",
@@ -196,9 +215,11 @@ def merge_sql(
     insert_vals = [f"s.{quote(c)}" for c in spec.key_columns + data_cols]
     insert = f"""
     WHEN NOT MATCHED THEN INSERT
-      ({", ".join(insert_cols)}, _cdc_position, _cdc_op, _cdc_deleted, _cdc_commit_ts, _cdc_tx_id, _cdc_batch_id, _cdc_applied_at, _cdc_col_pos)
+      ({", ".join(insert_cols)}, _cdc_position, _cdc_op, _cdc_deleted, _cdc_commit_ts, _cdc_tx_id, _cdc_batch_id, _cdc_applied_at, _cdc_col_pos,
+       _cdc_change_id, _cdc_inherited)
       VALUES ({", ".join(insert_vals)}, s.{META_POS}, s._cdc_op, s._cdc_action = 'delete', s._cdc_commit_ts, s._cdc_tx_id,
-              '{batch}', current_timestamp(), {new_col_pos(data_cols, "s.")})"""
+              '{batch}', current_timestamp(), {new_col_pos(data_cols, "s.")},
+              s._cdc_cid, CASE WHEN s._cdc_action = 'delete' THEN {empty_map} ELSE s._cdc_inh END)"""
     return f"""
     MERGE INTO {branch_ref(spec, branch)} t
     USING {view} s
@@ -206,6 +227,54 @@ def merge_sql(
     WHEN MATCHED AND s.{META_POS} <> t._cdc_position THEN UPDATE SET
       {", ".join(sets + meta)}{"" if matched_only else insert}
     """
+
+
+def refresh_inherited(spark: SparkSession, spec: TableSpec, branch: str, batch_id: str) -> int:
+    """The new key of a primary-key change takes the old key's values again
+    where this batch changed the old key's tombstone (the state just before
+    the change): the delete half arrived after the insert half, or a late
+    event of the old key filled its tombstone.  Only the new key's columns
+    that still hold what the change gave them are refreshed — inherited and
+    set by no later event (``_cdc_col_pos`` still at the position
+    ``_cdc_inherited`` records), or never set at all (the insert half applied
+    before its delete half left them out).  Returns the rows refreshed; a
+    refresh commits on the audit branch like the MERGE before it."""
+    data_cols = [c for c in spec.columns if c not in spec.key_columns]
+    if not data_cols:
+        return 0
+    rows = read_branch(spark, spec, branch)
+    tombs = rows.where(F.col("_cdc_deleted") & F.col("_cdc_change_id").isNotNull() & (F.col("_cdc_batch_id") == batch_id)).select(
+        F.col("_cdc_change_id").alias("_m_cid"),
+        *[F.col(quote(k)).alias(f"_m_k{i}") for i, k in enumerate(spec.key_columns)],
+        *[F.col(quote(c)).alias(f"_m_v{i}") for i, c in enumerate(data_cols)],
+    )
+    other_key = ~functools.reduce(operator.and_, [F.col(quote(k)).eqNullSafe(F.col(f"_m_k{i}")) for i, k in enumerate(spec.key_columns)])
+    paired = rows.where(~F.col("_cdc_deleted")).join(tombs, F.col("_cdc_change_id") == F.col("_m_cid")).where(other_key)
+    empty = F.create_map().cast("map<string,string>")
+
+    def still_inherited(c: str) -> Column:
+        set_at = F.coalesce(F.col("_cdc_col_pos")[c], F.col("_cdc_position"))
+        return set_at == F.coalesce(F.coalesce(F.col("_cdc_inherited"), empty)[c], F.lit(NEVER_SET))
+
+    takes = {c: still_inherited(c) & ~F.col(quote(c)).eqNullSafe(F.col(f"_m_v{i}")) for i, c in enumerate(data_cols)}
+    refreshed = paired.where(functools.reduce(operator.or_, takes.values())).select(
+        *[F.col(quote(k)) for k in spec.key_columns],
+        *[F.when(takes[c], F.col(f"_m_v{i}")).otherwise(F.col(quote(c))).alias(c) for i, c in enumerate(data_cols)],
+    )
+    n = refreshed.count()
+    if n:
+        view = f"_cdc_refresh_{abs(hash((spec.identifier, batch_id)))}"
+        refreshed.createOrReplaceTempView(view)
+        on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key_columns)
+        sets = ", ".join(f"{quote(c)} = s.{quote(c)}" for c in data_cols)
+        try:
+            spark.sql(
+                f"MERGE INTO {branch_ref(spec, branch)} t USING {view} s ON {on} WHEN MATCHED THEN UPDATE SET {sets}, "
+                f"_cdc_batch_id = '{_sql_str(batch_id)}', _cdc_applied_at = current_timestamp()"
+            )
+        finally:
+            spark.catalog.dropTempView(view)
+    return n
 
 
 def _sql_str(text: str) -> str:

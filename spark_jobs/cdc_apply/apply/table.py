@@ -195,9 +195,11 @@ def _write(
         merge.apply_truncate(spark, spec, branch, truncs["p"])
         # a delete of whole files commits without the session's snapshot properties: the write starts after it
         start_snapshot = branches.branch_snapshot(spark, spec, branch)
-    moved = None
-    if meta["keyed_deletes"]:  # a primary-key change is a delete and an insert sharing a change_id
-        prepared, moved = compact.inherit_moved_columns(prepared, branches.read_branch(spark, spec, branch), spec.key_columns, spec.columns)
+    # a primary-key change is a delete and an insert sharing a change_id; its
+    # delete half may be in this batch or, as a tombstone, in the table
+    prepared, moved = compact.inherit_moved_columns(
+        prepared, branches.read_branch(spark, spec, branch), spec.key_columns, spec.columns, batch_deletes=bool(meta["keyed_deletes"])
+    )
     labelled = compact.label_duplicates(prepared, spec.key_columns)
     state = branches.read_branch(spark, spec, branch).select(
         *[compact.quote(k) for k in spec.key_columns], "_cdc_position", "_cdc_deleted", "_cdc_col_pos"
@@ -227,9 +229,8 @@ def _write(
                     f"null_key_share(max={work.source.quarantine_max_share}, got={keyless / n_events:.4f}, events={keyless})"
                 )
         counts["truncates"] = int(truncs["n"])
-        if moved is not None:
-            counts["key_changes_inherited"] = moved.count()
-            moved.unpersist()
+        counts["key_changes_inherited"] = moved.count()
+        moved.unpersist()
         if counts.get("partial_inserts"):
             log.warning(
                 "%s: %d insert(s) leave columns out and the delete half of their primary-key change is not in this batch: "
@@ -259,6 +260,8 @@ def _write(
                 new_keys=acc.new_keys,
                 stored_keys=counts["keys"] - acc.new_keys,
             )
+            if counts["deleted"] + counts["noop_deletes"] + counts["filled"]:  # tombstones written or filled
+                counts["key_changes_refreshed"] = merge.refresh_inherited(spark, spec, branch, work.batch_id)
             # a net change always commits (a stored key's has another position than the
             # stored row: it matches; a new key's is appended); none: the ledger alone
             if not counts["keys"] or truncs["n"]:

@@ -190,9 +190,22 @@ aggregate(
 )
 
 
+class Inherited(NamedTuple):
+    events: DataFrame
+    """the prepared events, paired inserts completed (``_cdc_inh`` names what they took)"""
+    pairs: DataFrame
+    """one row (``_m_cid``) per insert that inherited, persisted"""
+    cached: list[DataFrame]
+    """frames persisted for ``events``: the caller unpersists them when done"""
+
+    def release(self) -> None:
+        for df in [self.pairs, *self.cached]:
+            df.unpersist()
+
+
 def inherit_moved_columns(
     prepared: DataFrame, stored: DataFrame, key_cols: list[str], columns: dict[str, str], *, batch_deletes: bool = True
-) -> tuple[DataFrame, DataFrame]:
+) -> Inherited:
     """The insert half of a primary-key change inherits what it does not carry.
 
     A source emits a key change as a delete of the old key and an insert of
@@ -209,8 +222,8 @@ def inherit_moved_columns(
     Returns ``prepared`` with the inserts' ``_cdc_after`` completed and
     ``_cdc_inh`` naming the inherited columns (-> the insert's position, so
     that a later refresh from the old key's tombstone, ``merge.refresh_inherited``,
-    knows which values came from it), and the pairs found (``_m_cid``, the
-    insert's lineage) for the caller's counts.  An insert whose delete half
+    knows which values came from it), and the pairs found for the caller's
+    counts.  An insert whose delete half
     has not arrived yet keeps those columns unset (``partial_inserts``); the
     delete half's batch fills them (``merge.refresh_inherited``).
 
@@ -226,15 +239,18 @@ def inherit_moved_columns(
     )
     same_key = functools.reduce(operator.and_, [F.col(quote(k)).eqNullSafe(F.col(o)) for k, o in zip(key_cols, old)])
     try:
+        unchanged = prepared.withColumn("_cdc_inh", F.lit(None).cast("map<string,string>"))
         if partial.isEmpty():
-            return prepared.withColumn("_cdc_inh", F.lit(None).cast("map<string,string>")), partial.select("_m_cid")
+            return Inherited(unchanged, partial.select("_m_cid").limit(0), [])
         deletes = prepared.where((F.col("_cdc_op") == "d") & cid.isNotNull()).select(
             cid.alias("_m_cid"), *[F.col(k).alias(o) for k, o in zip(keys, old)], F.col(META_POS).alias("_m_pos")
         )
         pairs = (
             partial.join(deletes, "_m_cid").where(~same_key).drop(*key_cols, "_m_ipos")
             if batch_deletes
-            else partial.limit(0).select("_m_cid", "_cdc_file", "_cdc_line", *[F.lit(None).alias(o) for o in old], F.lit("").alias("_m_pos"))
+            else partial.limit(0).select(
+                "_m_cid", "_cdc_file", "_cdc_line", *[F.lit(None).alias(o) for o in old], F.lit("").alias("_m_pos")
+            )
         ).persist()
         # the delete half in an earlier batch: its tombstone keeps the state before the change
         tomb_state = stored.where(F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & cid.isNotNull()).select(
@@ -253,13 +269,13 @@ def inherit_moved_columns(
         if pairs.isEmpty() and by_tomb.isEmpty():
             pairs.unpersist()
             by_tomb.unpersist()
-            return prepared.withColumn("_cdc_inh", F.lit(None).cast("map<string,string>")), partial.limit(0).select("_m_cid")
+            return Inherited(unchanged, partial.select("_m_cid").limit(0), [])
         found = pairs.select("_m_cid").unionByName(by_tomb.select("_m_cid")).persist()
         found.count()
-        completed = _inherit(prepared, stored, pairs, by_tomb, key_cols, columns)
+        completed, cached = _inherit(prepared, stored, pairs, by_tomb, key_cols, columns)
         pairs.unpersist()
         by_tomb.unpersist()
-        return completed, found
+        return Inherited(completed, found, [cached])
     finally:
         partial.unpersist()
 
@@ -271,8 +287,9 @@ def _row_data(columns: dict[str, str]) -> Column:
 
 def _inherit(
     prepared: DataFrame, stored: DataFrame, pairs: DataFrame, by_tomb: DataFrame, key_cols: list[str], columns: dict[str, str]
-) -> DataFrame:
-    """Complete the paired inserts' ``_cdc_after`` (see inherit_moved_columns)."""
+) -> tuple[DataFrame, DataFrame]:
+    """Complete the paired inserts' ``_cdc_after`` (see inherit_moved_columns);
+    also returns the frame persisted under the result."""
     old = [f"_m_old{i}" for i in range(len(key_cols))]
     on = functools.reduce(operator.and_, [F.col(quote(k)) == F.col(o) for k, o in zip(key_cols, old)])
     event = F.struct(
@@ -286,7 +303,9 @@ def _inherit(
     pb = F.broadcast(pairs.withColumnRenamed("_cdc_file", "_m_file").withColumnRenamed("_cdc_line", "_m_line"))
 
     def table_event(pos: Column, data: Column) -> Column:
-        return F.struct(pos.alias("pos"), F.lit("").alias("file"), F.lit(0).cast("bigint").alias("line"), F.lit("u").alias("op"), data.alias("after"))
+        return F.struct(
+            pos.alias("pos"), F.lit("").alias("file"), F.lit(0).cast("bigint").alias("line"), F.lit("u").alias("op"), data.alias("after")
+        )
 
     from_table = (
         stored.join(pb, on)
@@ -306,7 +325,8 @@ def _inherit(
     # A chain of key changes (1 -> 2 -> 3 in one transaction) makes an insert
     # inherit from an insert that inherits in turn: repeat over the completed
     # events until no insert gains a column (one round more than the chain).
-    completed, cached = original, None
+    completed: DataFrame = original
+    cached: DataFrame | None = None
     for _ in range(MAX_KEY_CHANGE_CHAIN + 1):
         from_batch = completed.join(pb, on).where(F.col(META_POS) < F.col("_m_pos")).select("_m_file", "_m_line", event.alias("e"))
         inherited = (
@@ -336,11 +356,13 @@ def _inherit(
         cached, completed = richer, richer.drop("_m_gain")
         if not gained:
             break
+    assert cached is not None  # the loop ran at least once
     inh = F.array_except(F.map_keys("_cdc_after"), F.col("_m_carried"))
-    return completed.withColumn(
+    done = completed.withColumn(
         "_cdc_inh",
         F.when(F.size(inh) > 0, F.map_from_arrays(inh, F.array_repeat(F.col(META_POS), F.size(inh)))),
     ).drop("_m_carried")
+    return done, cached
 
 
 _FOLD = (

@@ -197,9 +197,10 @@ def _write(
         start_snapshot = branches.branch_snapshot(spark, spec, branch)
     # a primary-key change is a delete and an insert sharing a change_id; its
     # delete half may be in this batch or, as a tombstone, in the table
-    prepared, moved = compact.inherit_moved_columns(
+    moved = compact.inherit_moved_columns(
         prepared, branches.read_branch(spark, spec, branch), spec.key_columns, spec.columns, batch_deletes=bool(meta["keyed_deletes"])
     )
+    prepared = moved.events
     labelled = compact.label_duplicates(prepared, spec.key_columns)
     state = branches.read_branch(spark, spec, branch).select(
         *[compact.quote(k) for k in spec.key_columns], "_cdc_position", "_cdc_deleted", "_cdc_col_pos"
@@ -229,12 +230,11 @@ def _write(
                     f"null_key_share(max={work.source.quarantine_max_share}, got={keyless / n_events:.4f}, events={keyless})"
                 )
         counts["truncates"] = int(truncs["n"])
-        counts["key_changes_inherited"] = moved.count()
-        moved.unpersist()
+        counts["key_changes_inherited"] = moved.pairs.count()
         if counts.get("partial_inserts"):
             log.warning(
-                "%s: %d insert(s) leave columns out and the delete half of their primary-key change is not in this batch: "
-                "those columns are NULL until a later event carries them",
+                "%s: %d insert(s) leave columns out and the delete half of their primary-key change has not arrived: "
+                "those columns stay unset until it does (its batch fills them) or a later event carries them",
                 spec.identifier,
                 counts["partial_inserts"],
             )
@@ -277,6 +277,7 @@ def _write(
     finally:
         labelled.unpersist()
         folded.unpersist()
+        moved.release()
 
 
 def _quarantine_keyless(work: TableWork, spec: tables.TableSpec, rows: DataFrame) -> int:

@@ -1,8 +1,9 @@
 """Target tables: naming, schema from the messages, creation and safe evolution.
 
 A target table holds the source columns plus CDC metadata columns.  Deleted
-keys stay as *tombstones* (``_cdc_deleted = true``, data columns NULL) so that
-a late, older event cannot resurrect them; readers use the ``<table>_live``
+keys stay as *tombstones* (``_cdc_deleted = true``, the data columns keeping
+the row just before the delete for a primary-key change's new key) so that a
+late, older event cannot resurrect them; readers use the ``<table>_live``
 view (or filter ``NOT _cdc_deleted``).
 """
 

@@ -33,6 +33,12 @@ def session_defaults(settings: Settings) -> dict[str, str]:
         # the driver JVM (and, on local[*], the executors): Spark's 1 GB default
         # runs out of heap on an hour of large archive files (see bench/README.md)
         "spark.driver.memory": settings.driver_memory,
+        # a long-lived session (Spark Connect, a soak, a backfill of many
+        # hours) keeps every query's plan for the UI: the apply's plans are
+        # large, and 1,000 of them filled a 3 GB heap in a real-source soak
+        "spark.sql.ui.retainedExecutions": "100",
+        "spark.ui.retainedJobs": "200",
+        "spark.ui.retainedStages": "200",
     }
 
 

@@ -250,7 +250,7 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
     spark.sql(  # one net change, shaped as compact.merge_source
         "SELECT CAST(id AS int) AS id, 'x' AS name, CAST(1 AS decimal(10,2)) AS amount, array('name') AS _cdc_present, 'upsert' AS _cdc_action, "
         "map('name', '9') AS _cdc_cpos, CAST(NULL AS string) AS _cdc_delpos, '9' AS _cdc_pos, 'u' AS _cdc_op, current_timestamp() AS _cdc_commit_ts, CAST(NULL AS string) AS _cdc_tx_id, "
-        "'9' AS _cdc_cid, cast(map() AS map<string,string>) AS _cdc_inh FROM range(102, 103)"
+        "'9' AS _cdc_cid, cast(map() AS map<string,string>) AS _cdc_inh, CAST(NULL AS string) AS _cdc_endcid FROM range(102, 103)"
     ).createOrReplaceTempView("_probe")
     plan = spark.sql("EXPLAIN " + merge.merge_sql(spec, "main", "_probe", "probe", {"id": (101, 103)})).collect()[0][0]
     scans = [line for line in plan.splitlines() if "BatchScan" in line and ident in line]
@@ -349,7 +349,7 @@ def test_the_one_event_short_cuts_fold_as_the_general_fold(spark, monkeypatch):
     assert short[1]["_cdc_vals"] == {"id": "1", "a": "x"} and short[1]["_cdc_delpos"] is None
     # a delete carries the state just before it (its tombstone keeps the stored row's values)
     assert short[2]["_cdc_action"] == "delete" and short[2]["_cdc_delpos"] is None and short[2]["_cdc_vals"] == {}
-    assert short[2]["_cdc_pos"] == "p06" and short[2]["_cdc_cid"] == "p06|2"
+    assert short[2]["_cdc_pos"] == "p06" and short[2]["_cdc_endcid"] == "p06|2" and short[2]["_cdc_cid"] is None
     assert short[3]["_cdc_vals"] == {"id": "3"} and short[3]["_cdc_events"] == 1 and not short[3]["_cdc_stored_live"]
     assert short[4]["_cdc_vals"] == {"id": "4", "b": "new"} and short[4]["_cdc_delpos"] == "p02"
     assert short[5]["_cdc_vals"] == {"id": "5", "b": "z", "a": "y"} and short[5]["_cdc_pos"] == "p09"
@@ -543,6 +543,20 @@ def test_key_change_whose_delete_half_arrives_first(spark, settings, ns):
     for b in batches:
         assert apply_events(spark, settings, ns, b).status == "complete"
     check_model(spark, settings, ns, batches)
+
+
+def test_a_chain_of_key_changes_takes_a_late_value_of_its_first_key(spark, settings, ns):
+    """Seen in the real-source soak (seed 4, an hour delivered late): 7 -> 107
+    and 107 -> 207 in two hours, then the hour that created 7 with its value."""
+    batches = [
+        _moved(7, 107, {"amount": "2.00"}, pos=5),
+        _moved(107, 207, {"amount": "3.00"}, pos=7),
+        [event("c", 7, {"name": "big", "amount": "1.00"}, pos=1)],
+    ]
+    for b in batches:
+        assert apply_events(spark, settings, ns, b).status == "complete"
+    check_model(spark, settings, ns, batches)
+    assert rows(spark, settings, ns) == {"207": ("big", "3.00")}
 
 
 def test_key_change_before_a_late_update_of_its_old_key(spark, settings, ns):

@@ -216,8 +216,8 @@ def inherit_moved_columns(
     their value is the old key's as of just before the delete, taken from the
     old key's earlier events in this batch over its stored live row — or,
     when the delete half came in an earlier batch, from the old key's
-    tombstone, which keeps the state just before its delete (``_cdc_change_id``
-    names the delete).
+    tombstone, which keeps the state just before its delete (``_cdc_deleted_by``
+    names the delete's change).
 
     Returns ``prepared`` with the inserts' ``_cdc_after`` completed and
     ``_cdc_inh`` naming the inherited columns (-> the insert's position, so
@@ -253,8 +253,9 @@ def inherit_moved_columns(
             )
         ).persist()
         # the delete half in an earlier batch: its tombstone keeps the state before the change
-        tomb_state = stored.where(F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & cid.isNotNull()).select(
-            cid.alias("_m_cid"),
+        deleted_by = F.col("_cdc_deleted_by")
+        tomb_state = stored.where(F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & deleted_by.isNotNull()).select(
+            deleted_by.alias("_m_cid"),
             *[F.col(k).alias(o) for k, o in zip(keys, old)],
             F.col("_cdc_position").alias("_m_pos"),
             _row_data(columns).alias("_m_data"),
@@ -312,7 +313,7 @@ def _inherit(
         .where(
             # its live row before the change, or (the delete half applied before) its tombstone of this change
             ~F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & (F.col("_cdc_position") < F.col("_m_pos"))
-            | F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & (F.col("_cdc_change_id") == F.col("_m_cid"))
+            | F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & (F.col("_cdc_deleted_by") == F.col("_m_cid"))
         )
         .select(
             "_m_file",
@@ -348,11 +349,11 @@ def _inherit(
                 ),
             )
             .drop("_m_inherited")
-            .persist()
+            # a checkpoint, not a cache: each round reads the last one twice, and a
+            # cached frame's plan text holds the plan under it (2^rounds copies)
+            .localCheckpoint(eager=True)
         )
         gained = richer.where(F.col("_m_gain") > 0).limit(1).count()
-        if cached is not None:
-            cached.unpersist()
         cached, completed = richer, richer.drop("_m_gain")
         if not gained:
             break
@@ -377,20 +378,23 @@ aggregate(
                'commit_ts', cast(NULL AS timestamp), 'tx_id', cast(NULL AS string),
                'cid', cast(NULL AS string), 'inh', cast(map() AS map<string,string>),
                'bvals', cast(map() AS map<string,string>), 'bcpos', cast(map() AS map<string,string>),
-               'bdelpos', cast(NULL AS string)),
+               'bdelpos', cast(NULL AS string), 'endcid', cast(NULL AS string),
+               'bcid', cast(NULL AS string), 'binh', cast(map() AS map<string,string>)),
   (acc, e) -> CASE WHEN e.op = 'd'
     THEN named_struct('deleted', true, 'vals', cast(map() AS map<string,string>),
                       'cpos', cast(map() AS map<string,string>), 'delpos', e.pos,
                       'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id,
-                      'cid', e.cid, 'inh', cast(map() AS map<string,string>),
-                      'bvals', acc.vals, 'bcpos', acc.cpos, 'bdelpos', acc.delpos)
+                      'cid', cast(NULL AS string), 'inh', cast(map() AS map<string,string>),
+                      'bvals', acc.vals, 'bcpos', acc.cpos, 'bdelpos', acc.delpos, 'endcid', e.cid,
+                      'bcid', acc.cid, 'binh', acc.inh)
     ELSE named_struct('deleted', false, 'vals', map_concat(acc.vals, e.after),
                       'cpos', map_concat(acc.cpos, map_from_arrays(map_keys(e.after), array_repeat(e.pos, size(e.after)))),
                       'delpos', acc.delpos,
                       'pos', e.pos, 'op', e.op, 'commit_ts', e.commit_ts, 'tx_id', e.tx_id,
                       'cid', CASE WHEN acc.deleted OR acc.cid IS NULL THEN e.cid ELSE acc.cid END,
                       'inh', CASE WHEN acc.deleted THEN e.inh ELSE map_concat(acc.inh, e.inh) END,
-                      'bvals', acc.bvals, 'bcpos', acc.bcpos, 'bdelpos', acc.bdelpos)
+                      'bvals', acc.bvals, 'bcpos', acc.bcpos, 'bdelpos', acc.bdelpos, 'endcid', acc.endcid,
+                      'bcid', acc.bcid, 'binh', acc.binh)
   END)
 """
 )
@@ -399,8 +403,9 @@ batch leaves it (columns set since its last delete, and that delete);
 ``bvals``/``bcpos``/``bdelpos``: the same just before its last delete — what
 a tombstone keeps, so that the insert half of a primary-key change arriving
 later, or a late event of the deleted key, still finds the state before the
-delete; ``cid``: the change id of the delete, or of the event that began the
-row's life; ``inh``: the columns inherited from a key change's old key."""
+delete; ``cid``: the change id of the event that began the row's life
+(``bcid`` of the life the last delete ended), ``endcid`` the delete's;
+``inh``/``binh``: the columns inherited from a key change's old key."""
 # The fold of a key's only event, written out over one event ``{e}`` (a struct
 # of fold_per_key's ``ev``, whose ``after`` is never null): most keys of a
 # batch have one, and the fold's lambdas (array_sort's comparator,
@@ -410,16 +415,18 @@ CASE WHEN {e}.op = 'd'
   THEN named_struct('deleted', true, 'vals', cast(map() AS map<string,string>),
                     'cpos', cast(map() AS map<string,string>), 'delpos', {e}.pos,
                     'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id,
-                    'cid', {e}.cid, 'inh', cast(map() AS map<string,string>),
+                    'cid', cast(NULL AS string), 'inh', cast(map() AS map<string,string>),
                     'bvals', cast(map() AS map<string,string>), 'bcpos', cast(map() AS map<string,string>),
-                    'bdelpos', cast(NULL AS string))
+                    'bdelpos', cast(NULL AS string), 'endcid', {e}.cid,
+                    'bcid', cast(NULL AS string), 'binh', cast(map() AS map<string,string>))
   ELSE named_struct('deleted', false, 'vals', {e}.after,
                     'cpos', map_from_arrays(map_keys({e}.after), array_repeat({e}.pos, size({e}.after))),
                     'delpos', cast(NULL AS string),
                     'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id,
                     'cid', {e}.cid, 'inh', {e}.inh,
                     'bvals', cast(map() AS map<string,string>), 'bcpos', cast(map() AS map<string,string>),
-                    'bdelpos', cast(NULL AS string))
+                    'bdelpos', cast(NULL AS string), 'endcid', cast(NULL AS string),
+                    'bcid', cast(NULL AS string), 'binh', cast(map() AS map<string,string>))
 END
 """
 _ONE_OR_FOLD = "CASE WHEN size(evs) = 1 THEN " + _ONE_EVENT.format(e="evs[0]") + " ELSE " + _FOLD + " END"
@@ -484,8 +491,9 @@ def _folded_columns(df: DataFrame, keys: list[str]) -> DataFrame:
         F.when(tombstone, F.col("_f.bvals")).otherwise(F.col("_f.vals")).alias("_cdc_vals"),
         F.when(tombstone, F.col("_f.bcpos")).otherwise(F.col("_f.cpos")).alias("_cdc_cpos"),
         F.when(tombstone, F.col("_f.bdelpos")).otherwise(F.col("_f.delpos")).alias("_cdc_delpos"),
-        F.col("_f.cid").alias("_cdc_cid"),
-        F.col("_f.inh").alias("_cdc_inh"),
+        F.when(tombstone, F.col("_f.bcid")).otherwise(F.col("_f.cid")).alias("_cdc_cid"),
+        F.when(tombstone, F.col("_f.binh")).otherwise(F.col("_f.inh")).alias("_cdc_inh"),
+        F.col("_f.endcid").alias("_cdc_endcid"),
         F.col("_f.pos").alias(META_POS),
         F.col("_f.op").alias("_cdc_op"),
         F.col("_f.commit_ts").alias("_cdc_commit_ts"),
@@ -509,6 +517,7 @@ def merge_source(folded: DataFrame, key_cols: list[str], columns: dict[str, str]
         "_cdc_delpos",
         "_cdc_cid",
         "_cdc_inh",
+        "_cdc_endcid",
         META_POS,
         "_cdc_op",
         "_cdc_commit_ts",

@@ -12,7 +12,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_apply.apply.branches import branch_ref, read_branch
-from cdc_apply.apply.compact import META_POS, NEVER_SET, quote
+from cdc_apply.apply.compact import MAX_KEY_CHANGE_CHAIN, META_POS, NEVER_SET, quote
 from cdc_apply.apply.tables import INT_TYPES, TableSpec
 
 
@@ -136,9 +136,8 @@ def append_new_keys(spark: SparkSession, spec: TableSpec, branch: str, source: D
         F.current_timestamp().alias("_cdc_applied_at"),
         F.expr(new_col_pos(data_cols, "")).alias("_cdc_col_pos"),
         F.col("_cdc_cid").alias("_cdc_change_id"),
-        F.when(F.col("_cdc_action") == "delete", F.create_map().cast("map<string,string>"))
-        .otherwise(F.col("_cdc_inh"))
-        .alias("_cdc_inherited"),
+        F.col("_cdc_inh").alias("_cdc_inherited"),
+        F.when(F.col("_cdc_action") == "delete", F.col("_cdc_endcid")).alias("_cdc_deleted_by"),
     )
     rows.writeTo(branch_ref(spec, branch)).append()
 
@@ -195,8 +194,9 @@ def merge_sql(
     empty = "cast(map() AS map<string,string>)"
     col_pos_matched = f"map_filter(map({matched_pos}), (k, v) -> v < {row_pos})" if data_cols else empty
     sets = [f"{quote(c)} = CASE WHEN {wins(c)} THEN s.{quote(c)} ELSE {stored_val(c)} END" for c in data_cols]
-    # the row's life goes on (no delete in between): it keeps the change that began it
-    goes_on = f"(NOT {newer} OR s._cdc_action = 'upsert' AND NOT t._cdc_deleted AND s._cdc_delpos IS NULL)"
+    # the stored row's life goes on (no delete in between; for a delete: up to
+    # it): the row keeps the change that began it and what it inherited
+    goes_on = f"(NOT {newer} OR NOT t._cdc_deleted AND s._cdc_delpos IS NULL)"
     empty_map = "cast(map() AS map<string,string>)"
     meta = [
         f"_cdc_col_pos = {col_pos_matched}",
@@ -205,8 +205,8 @@ def merge_sql(
         f"_cdc_tx_id = CASE WHEN {newer} THEN s._cdc_tx_id ELSE t._cdc_tx_id END",
         f"_cdc_deleted = CASE WHEN {newer} THEN s._cdc_action = 'delete' ELSE t._cdc_deleted END",
         f"_cdc_change_id = CASE WHEN {goes_on} THEN coalesce(t._cdc_change_id, s._cdc_cid) ELSE s._cdc_cid END",
-        f"_cdc_inherited = CASE WHEN s._cdc_action = 'delete' THEN {empty_map} "
-        f"WHEN {goes_on} THEN map_concat(coalesce(t._cdc_inherited, {empty_map}), s._cdc_inh) ELSE s._cdc_inh END",
+        f"_cdc_inherited = CASE WHEN {goes_on} THEN map_concat(coalesce(t._cdc_inherited, {empty_map}), s._cdc_inh) ELSE s._cdc_inh END",
+        f"_cdc_deleted_by = CASE WHEN NOT {newer} THEN t._cdc_deleted_by WHEN s._cdc_action = 'delete' THEN s._cdc_endcid END",
         f"_cdc_position = {row_pos}",
         f"_cdc_batch_id = '{batch}'",
         "_cdc_applied_at = current_timestamp()",
@@ -216,10 +216,10 @@ def merge_sql(
     insert = f"""
     WHEN NOT MATCHED THEN INSERT
       ({", ".join(insert_cols)}, _cdc_position, _cdc_op, _cdc_deleted, _cdc_commit_ts, _cdc_tx_id, _cdc_batch_id, _cdc_applied_at, _cdc_col_pos,
-       _cdc_change_id, _cdc_inherited)
+       _cdc_change_id, _cdc_inherited, _cdc_deleted_by)
       VALUES ({", ".join(insert_vals)}, s.{META_POS}, s._cdc_op, s._cdc_action = 'delete', s._cdc_commit_ts, s._cdc_tx_id,
               '{batch}', current_timestamp(), {new_col_pos(data_cols, "s.")},
-              s._cdc_cid, CASE WHEN s._cdc_action = 'delete' THEN {empty_map} ELSE s._cdc_inh END)"""
+              s._cdc_cid, s._cdc_inh, CASE WHEN s._cdc_action = 'delete' THEN s._cdc_endcid END)"""
     return f"""
     MERGE INTO {branch_ref(spec, branch)} t
     USING {view} s
@@ -237,19 +237,50 @@ def refresh_inherited(spark: SparkSession, spec: TableSpec, branch: str, batch_i
     that still hold what the change gave them are refreshed — inherited and
     set by no later event (``_cdc_col_pos`` still at the position
     ``_cdc_inherited`` records), or never set at all (the insert half applied
-    before its delete half left them out).  Returns the rows refreshed; a
-    refresh commits on the audit branch like the MERGE before it."""
+    before its delete half left them out).  A new key that is a tombstone
+    itself (it moved on in a later key change) is refreshed too, and so on
+    down the chain.  Returns the rows refreshed; each round commits on the
+    audit branch like the MERGE before it."""
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
-    if not data_cols:
-        return 0
-    rows = read_branch(spark, spec, branch)
-    tombs = rows.where(F.col("_cdc_deleted") & F.col("_cdc_change_id").isNotNull() & (F.col("_cdc_batch_id") == batch_id)).select(
-        F.col("_cdc_change_id").alias("_m_cid"),
+    total = 0
+    for _ in range(MAX_KEY_CHANGE_CHAIN + 1) if data_cols else ():
+        refreshed = _refreshed_rows(read_branch(spark, spec, branch), spec, data_cols, batch_id).persist()
+        try:
+            by_kind = {
+                r["_cdc_deleted"]: r["n"] for r in refreshed.groupBy("_cdc_deleted").count().withColumnRenamed("count", "n").collect()
+            }
+            if not by_kind:
+                break
+            total += sum(by_kind.values())
+            view = f"_cdc_refresh_{abs(hash((spec.identifier, batch_id)))}"
+            refreshed.drop("_cdc_deleted").createOrReplaceTempView(view)
+            on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key_columns)
+            sets = ", ".join(f"{quote(c)} = s.{quote(c)}" for c in data_cols)
+            try:
+                spark.sql(
+                    f"MERGE INTO {branch_ref(spec, branch)} t USING {view} s ON {on} WHEN MATCHED THEN UPDATE SET {sets}, "
+                    f"_cdc_batch_id = '{_sql_str(batch_id)}', _cdc_applied_at = current_timestamp()"
+                )
+            finally:
+                spark.catalog.dropTempView(view)
+        finally:
+            refreshed.unpersist()
+        if not by_kind.get(True):  # no tombstone refreshed: no new key further down a chain to refresh
+            break
+    return total
+
+
+def _refreshed_rows(rows: DataFrame, spec: TableSpec, data_cols: list[str], batch_id: str) -> DataFrame:
+    """The rows a key change made whose inherited columns differ from the
+    state the old key's tombstone (written or filled by this batch) keeps,
+    with their new values."""
+    tombs = rows.where(F.col("_cdc_deleted") & F.col("_cdc_deleted_by").isNotNull() & (F.col("_cdc_batch_id") == batch_id)).select(
+        F.col("_cdc_deleted_by").alias("_m_cid"),
         *[F.col(quote(k)).alias(f"_m_k{i}") for i, k in enumerate(spec.key_columns)],
         *[F.col(quote(c)).alias(f"_m_v{i}") for i, c in enumerate(data_cols)],
     )
     other_key = ~functools.reduce(operator.and_, [F.col(quote(k)).eqNullSafe(F.col(f"_m_k{i}")) for i, k in enumerate(spec.key_columns)])
-    paired = rows.where(~F.col("_cdc_deleted")).join(tombs, F.col("_cdc_change_id") == F.col("_m_cid")).where(other_key)
+    paired = rows.join(tombs, F.col("_cdc_change_id") == F.col("_m_cid")).where(other_key)
     empty = F.create_map().cast("map<string,string>")
 
     def still_inherited(c: str) -> Column:
@@ -257,24 +288,11 @@ def refresh_inherited(spark: SparkSession, spec: TableSpec, branch: str, batch_i
         return set_at == F.coalesce(F.coalesce(F.col("_cdc_inherited"), empty)[c], F.lit(NEVER_SET))
 
     takes = {c: still_inherited(c) & ~F.col(quote(c)).eqNullSafe(F.col(f"_m_v{i}")) for i, c in enumerate(data_cols)}
-    refreshed = paired.where(functools.reduce(operator.or_, takes.values())).select(
+    return paired.where(functools.reduce(operator.or_, takes.values())).select(
         *[F.col(quote(k)) for k in spec.key_columns],
         *[F.when(takes[c], F.col(f"_m_v{i}")).otherwise(F.col(quote(c))).alias(c) for i, c in enumerate(data_cols)],
+        "_cdc_deleted",
     )
-    n = refreshed.count()
-    if n:
-        view = f"_cdc_refresh_{abs(hash((spec.identifier, batch_id)))}"
-        refreshed.createOrReplaceTempView(view)
-        on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key_columns)
-        sets = ", ".join(f"{quote(c)} = s.{quote(c)}" for c in data_cols)
-        try:
-            spark.sql(
-                f"MERGE INTO {branch_ref(spec, branch)} t USING {view} s ON {on} WHEN MATCHED THEN UPDATE SET {sets}, "
-                f"_cdc_batch_id = '{_sql_str(batch_id)}', _cdc_applied_at = current_timestamp()"
-            )
-        finally:
-            spark.catalog.dropTempView(view)
-    return n
 
 
 def _sql_str(text: str) -> str:

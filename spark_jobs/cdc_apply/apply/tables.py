@@ -30,16 +30,17 @@ META_COLUMNS = {
     "_cdc_col_pos": "map<string,string>",
     "_cdc_change_id": "string",
     "_cdc_inherited": "map<string,string>",
+    "_cdc_deleted_by": "string",
 }
 """``_cdc_col_pos``: the position that set each data column whose last setting
 event is older than the row's ``_cdc_position`` (partial rows; empty for full
 images): a late event may fill exactly those columns (compact, merge).
-``_cdc_change_id``: on a tombstone the source's id of the change that deleted
-the key, on a live row of the change that began its life; ``_cdc_inherited``:
-the columns a primary-key change's new key took from the old key (-> the
-position they were taken at).  Together they let the two halves of a key
-change meet across batches (compact.inherit_moved_columns,
-merge.refresh_inherited)."""
+``_cdc_change_id``: the source's id of the change that began the row's life
+(for a tombstone: the life its delete ended); ``_cdc_deleted_by``: a
+tombstone's delete's; ``_cdc_inherited``: the columns a primary-key change's
+new key took from the old key (-> the position they were taken at).
+Together they let the two halves of a key change, and a chain of them, meet
+across batches (compact.inherit_moved_columns, merge.refresh_inherited)."""
 _BAD_COLUMN = re.compile(r"[`\x00-\x1f\x7f]")
 _DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
 INT_TYPES = ["tinyint", "smallint", "int", "bigint"]

@@ -39,6 +39,9 @@ def session_defaults(settings: Settings) -> dict[str, str]:
         "spark.sql.ui.retainedExecutions": "100",
         "spark.ui.retainedJobs": "200",
         "spark.ui.retainedStages": "200",
+        # a plan's text (for the UI and errors) past 1 MB is cut, not built:
+        # a cached frame prints the plan under it, and the apply caches in steps
+        "spark.sql.maxPlanStringLength": "1000000",
     }
 
 

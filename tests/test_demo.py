@@ -25,7 +25,7 @@ def test_demo_prints_the_table_and_is_idempotent(tmp_path):
     out = run_demo(tmp_path)
     assert ": complete in" in out and "published" in out
     assert "1 | Anne-Marie | Doe1 | c1@example.com | 12.34 |" in out
-    assert "3 | None | None | None | None | None |" in out and "| d | True" in out
+    assert "tombstones (deleted keys" in out and "  id 3: d at " in out and "\n3 | " not in out
     again = run_demo(tmp_path)
     assert "nothing-to-do" in again
     assert again.split("snapshot summary:")[1] == out.split("snapshot summary:")[1]

@@ -230,7 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     cols = ["id", "first_name", "last_name", "email", "balance", "updated_at", "_cdc_position", "_cdc_op", "_cdc_deleted"]
     print(" | ".join(cols))
     for r in rows:
-        print(" | ".join(str(r[c]) for c in cols))
+        if not r["_cdc_deleted"]:
+            print(" | ".join(str(r[c]) for c in cols))
+    dead = [r for r in rows if r["_cdc_deleted"]]
+    if dead:  # their data columns keep the row as it was just before the delete (docs/apply-semantics.md rule 3)
+        print("tombstones (deleted keys, kept so that no older event brings them back; hidden by customers_live):")
+        for r in dead:
+            print(f"  id {r['id']}: {r['_cdc_op']} at {r['_cdc_position']}")
     summary = snapshot.summary.additional_properties if snapshot.summary else {}
     print(
         f"\nsnapshot summary: batch {summary.get('cdc.batch-id')}, files {len(json.loads(summary.get('cdc.files', '[]')))}, counts {summary.get('cdc.counts')}"

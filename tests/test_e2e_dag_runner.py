@@ -51,7 +51,8 @@ def check_demo_table(env):
     live = {r["id"]: r for r in rows if not r["_cdc_deleted"]}
     assert {i: (r["first_name"], r["balance"], r["_cdc_op"]) for i, r in live.items()} == EXPECTED
     tomb = [r for r in rows if r["_cdc_deleted"]]
-    assert [(r["id"], r["first_name"], r["_cdc_op"]) for r in tomb] == [(3, None, "d")]
+    # a tombstone keeps the row as it was just before the delete (docs/apply-semantics.md rule 3)
+    assert [(r["id"], r["first_name"], r["_cdc_op"]) for r in tomb] == [(3, "Cid", "d")]
     for r in live.values():
         assert r["_cdc_position"] and r["_cdc_batch_id"].startswith("pg_inventory_")
         assert isinstance(r["updated_at"], dt.datetime) and r["updated_at"].tzinfo is not None

@@ -194,6 +194,9 @@ def project_setup(spark, settings, source: str, seed_path: Path, base_rows: int,
             "_cdc_batch_id": "'bench-base'",
             "_cdc_applied_at": "current_timestamp()",
             "_cdc_col_pos": "cast(map() AS map<string,string>)",  # full images: every column at the row's position
+            "_cdc_change_id": "CAST(NULL AS string)",  # snapshot rows: no key change began them
+            "_cdc_inherited": "cast(map() AS map<string,string>)",
+            "_cdc_deleted_by": "CAST(NULL AS string)",
         }
         _append_typed(spark, ident, wl.base_rows_frame(spark, first, base_rows + 1), meta)
     return time.perf_counter() - t0

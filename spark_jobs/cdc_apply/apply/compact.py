@@ -290,7 +290,9 @@ def _inherit(
     prepared: DataFrame, stored: DataFrame, pairs: DataFrame, by_tomb: DataFrame, key_cols: list[str], columns: dict[str, str]
 ) -> tuple[DataFrame, DataFrame]:
     """Complete the paired inserts' ``_cdc_after`` (see inherit_moved_columns);
-    also returns the frame persisted under the result."""
+    also returns the frame checkpointed under the result.  Long because the
+    three sources of the state before a change (the batch, the stored row, the
+    tombstone) and the rounds along a chain share one plan's column names."""
     old = [f"_m_old{i}" for i in range(len(key_cols))]
     on = functools.reduce(operator.and_, [F.col(quote(k)) == F.col(o) for k, o in zip(key_cols, old)])
     event = F.struct(

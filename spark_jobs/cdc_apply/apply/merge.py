@@ -167,7 +167,9 @@ def merge_sql(
     batch's is the position of its last event carrying the column, else of
     its last delete of the key.  The higher one wins, so re-applying a batch
     changes nothing and a late event fills only what later events did not
-    carry.  ``_cdc_col_pos`` keeps the columns set below the row's position."""
+    carry.  ``_cdc_col_pos`` keeps the columns set below the row's position.
+    Long because the per-column expressions and the CDC columns' rules
+    (life, inheritance, tombstone) are one statement's clauses."""
     on = " AND ".join([f"t.{quote(k)} = s.{quote(k)}" for k in spec.key_columns] + key_range_condition(spec, key_ranges))
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
     batch = _sql_str(batch_id)

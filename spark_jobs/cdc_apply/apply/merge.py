@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -108,10 +109,19 @@ def _merge(
     *,
     matched_only: bool,
 ) -> None:
-    view = f"_cdc_src_{abs(hash((spec.identifier, batch_id)))}"
-    source.createOrReplaceTempView(view)
+    _run_with_view(
+        spark,
+        source,
+        f"_cdc_src_{abs(hash((spec.identifier, batch_id)))}",
+        lambda view: merge_sql(spec, branch, view, batch_id, key_ranges, matched_only=matched_only),
+    )
+
+
+def _run_with_view(spark: SparkSession, df: DataFrame, view: str, sql: Callable[[str], str]) -> None:
+    """Run the statement ``sql(view)`` with ``df`` registered as ``view`` for its span."""
+    df.createOrReplaceTempView(view)
     try:
-        spark.sql(merge_sql(spec, branch, view, batch_id, key_ranges, matched_only=matched_only))
+        spark.sql(sql(view))
     finally:
         spark.catalog.dropTempView(view)
 
@@ -199,7 +209,6 @@ def merge_sql(
     # the stored row's life goes on (no delete in between; for a delete: up to
     # it): the row keeps the change that began it and what it inherited
     goes_on = f"(NOT {newer} OR NOT t._cdc_deleted AND s._cdc_delpos IS NULL)"
-    empty_map = "cast(map() AS map<string,string>)"
     meta = [
         f"_cdc_col_pos = {col_pos_matched}",
         f"_cdc_op = CASE WHEN {newer} THEN s._cdc_op ELSE t._cdc_op END",
@@ -207,7 +216,7 @@ def merge_sql(
         f"_cdc_tx_id = CASE WHEN {newer} THEN s._cdc_tx_id ELSE t._cdc_tx_id END",
         f"_cdc_deleted = CASE WHEN {newer} THEN s._cdc_action = 'delete' ELSE t._cdc_deleted END",
         f"_cdc_change_id = CASE WHEN {goes_on} THEN coalesce(t._cdc_change_id, s._cdc_cid) ELSE s._cdc_cid END",
-        f"_cdc_inherited = CASE WHEN {goes_on} THEN map_concat(coalesce(t._cdc_inherited, {empty_map}), s._cdc_inh) ELSE s._cdc_inh END",
+        f"_cdc_inherited = CASE WHEN {goes_on} THEN map_concat(coalesce(t._cdc_inherited, {empty}), s._cdc_inh) ELSE s._cdc_inh END",
         f"_cdc_deleted_by = CASE WHEN NOT {newer} THEN t._cdc_deleted_by WHEN s._cdc_action = 'delete' THEN s._cdc_endcid END",
         f"_cdc_position = {row_pos}",
         f"_cdc_batch_id = '{batch}'",
@@ -245,6 +254,8 @@ def refresh_inherited(spark: SparkSession, spec: TableSpec, branch: str, batch_i
     audit branch like the MERGE before it."""
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
     total = 0
+    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key_columns)
+    sets = ", ".join(f"{quote(c)} = s.{quote(c)}" for c in data_cols)
     for _ in range(MAX_KEY_CHANGE_CHAIN + 1) if data_cols else ():
         refreshed = _refreshed_rows(read_branch(spark, spec, branch), spec, data_cols, batch_id).persist()
         try:
@@ -254,17 +265,15 @@ def refresh_inherited(spark: SparkSession, spec: TableSpec, branch: str, batch_i
             if not by_kind:
                 break
             total += sum(by_kind.values())
-            view = f"_cdc_refresh_{abs(hash((spec.identifier, batch_id)))}"
-            refreshed.drop("_cdc_deleted").createOrReplaceTempView(view)
-            on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key_columns)
-            sets = ", ".join(f"{quote(c)} = s.{quote(c)}" for c in data_cols)
-            try:
-                spark.sql(
+            _run_with_view(
+                spark,
+                refreshed.drop("_cdc_deleted"),
+                f"_cdc_refresh_{abs(hash((spec.identifier, batch_id)))}",
+                lambda view: (
                     f"MERGE INTO {branch_ref(spec, branch)} t USING {view} s ON {on} WHEN MATCHED THEN UPDATE SET {sets}, "
                     f"_cdc_batch_id = '{_sql_str(batch_id)}', _cdc_applied_at = current_timestamp()"
-                )
-            finally:
-                spark.catalog.dropTempView(view)
+                ),
+            )
         finally:
             refreshed.unpersist()
         if not by_kind.get(True):  # no tombstone refreshed: no new key further down a chain to refresh

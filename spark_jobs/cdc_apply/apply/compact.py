@@ -245,13 +245,8 @@ def inherit_moved_columns(
         deletes = prepared.where((F.col("_cdc_op") == "d") & cid.isNotNull()).select(
             cid.alias("_m_cid"), *[F.col(k).alias(o) for k, o in zip(keys, old)], F.col(META_POS).alias("_m_pos")
         )
-        pairs = (
-            partial.join(deletes, "_m_cid").where(~same_key).drop(*key_cols, "_m_ipos")
-            if batch_deletes
-            else partial.limit(0).select(
-                "_m_cid", "_cdc_file", "_cdc_line", *[F.lit(None).alias(o) for o in old], F.lit("").alias("_m_pos")
-            )
-        ).persist()
+        # no delete in the batch (the caller knows): no pair to look for in it
+        pairs = partial.join(deletes if batch_deletes else deletes.limit(0), "_m_cid").where(~same_key).drop(*key_cols, "_m_ipos").persist()
         # the delete half in an earlier batch: its tombstone keeps the state before the change
         deleted_by = F.col("_cdc_deleted_by")
         tomb_state = stored.where(F.coalesce(F.col("_cdc_deleted"), F.lit(False)) & deleted_by.isNotNull()).select(

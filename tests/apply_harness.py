@@ -27,6 +27,7 @@ def apply_events(
     override=None,
     merge_mode: str | None = None,
     changelog: bool = True,
+    history: dict[str, str] | None = None,
     stages: tuple[str, ...] = ("validate", "publish"),
 ) -> BatchResult:
     """Apply one batch of outcomes; each distinct ``file`` is a batch file."""
@@ -38,6 +39,7 @@ def apply_events(
         quarantine_max_share=quarantine_max_share,
         merge_mode=merge_mode,
         changelog=changelog,
+        history=history or {},
     )
     tag = batch_tag or f"b{next(_counter)}"
     for o in outcomes:  # events without a file belong to a file of this batch
@@ -67,6 +69,16 @@ def apply_events(
     return finish_batch(settings, result)
 
 
+def as_text(columns: dict[str, str]) -> str:
+    """A select list rendering ``columns`` as canonical text (NULL stays NULL)."""
+    return ", ".join(
+        f"CASE WHEN `{c}` IS NULL THEN NULL ELSE "
+        + (f"date_format(`{c}`, 'yyyy-MM-dd HH:mm:ss.SSSSSS')" if t.startswith("timestamp") else f"CAST(`{c}` AS string)")
+        + f" END AS `{c}`"
+        for c, t in columns.items()
+    )
+
+
 def live_rows(
     spark, settings, namespace: str, table: str, key_cols: list[str], columns: dict[str, str]
 ) -> dict[tuple, dict[str, str | None]]:
@@ -74,14 +86,8 @@ def live_rows(
     ident = f"{settings.catalog_name}.{namespace}.{table}"
     if not spark.catalog.tableExists(ident):
         return {}
-    sel = ", ".join(
-        f"CASE WHEN `{c}` IS NULL THEN NULL ELSE "
-        + (f"date_format(`{c}`, 'yyyy-MM-dd HH:mm:ss.SSSSSS')" if t.startswith("timestamp") else f"CAST(`{c}` AS string)")
-        + f" END AS `{c}`"
-        for c, t in columns.items()
-    )
     out = {}
-    for r in spark.sql(f"SELECT {sel} FROM {ident} WHERE NOT _cdc_deleted").collect():
+    for r in spark.sql(f"SELECT {as_text(columns)} FROM {ident} WHERE NOT _cdc_deleted").collect():
         d = r.asDict()
         out[tuple(d[k] for k in key_cols)] = d
     return out

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_apply import ledger
-from cdc_apply.apply import branches, changelog, gate, held, tables
+from cdc_apply.apply import branches, changelog, gate, held, history, tables
 from cdc_apply.apply.table import (
     TableWork,
     apply_table,
@@ -570,6 +570,7 @@ def publish_batch(settings: Settings, result: BatchResult, table: str | None = N
             continue
         try:
             changelog.publish(led, tr)
+            history.publish(led, tr)
             tr.snapshot_id = led.fast_forward(tr.table.split(".", 1)[1], tr.audit_branch, expected_head=tr.branch_snapshot)
             tr.status = Status.PUBLISHED
             log.info("%s: published batch %s as snapshot %s", tr.table, result.batch_id, tr.snapshot_id)

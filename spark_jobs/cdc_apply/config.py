@@ -266,6 +266,9 @@ class SourceConfig:
     changelog: bool = True
     """Append every decoded change of a table to ``<namespace>.<table>_changes``
     (``apply/changelog.py``), published with the table; ``changelog: false`` turns it off."""
+    history: dict[str, str] = field(default_factory=dict)
+    """Source table -> ``scd2`` for tables that keep an SCD type 2 history
+    ``<namespace>.<table>_history`` (``apply/history.py``), derived from the change log."""
     envelope: str | None = None
     """CockroachDB only: ``row`` reads a key without a value as an
     ``envelope=row`` delete (it is otherwise refused as ``key_only``)."""
@@ -314,13 +317,15 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             raise ConfigError(
                 f"{path}: source {name!r} has unknown format {spec['format']!r}; use one of {[f.value for f in Format]}"
             ) from None
-        keys, columns, targets = {}, {}, {}
+        keys, columns, targets, history = {}, {}, {}, {}
         for table, tspec in (spec.get("tables") or {}).items():
             pk = (tspec or {}).get("primary_key")
             target = (tspec or {}).get("target")
             if target is not None:
                 targets[str(table)] = validate_identifier(str(target).lower(), f"{path}: target of table {table!r} of source {name!r}")
-            if pk is None and target is not None:
+            if (tspec or {}).get("history") is not None:
+                history[str(table)] = _history(path, name, str(table), tspec["history"], spec.get("changelog", True))
+            if pk is None and (target is not None or str(table) in history):
                 continue
             if not pk or not isinstance(pk, list):
                 raise ConfigError(f"{path}: table {table!r} of source {name!r} needs primary_key: [col, ...] (and/or target: <name>)")
@@ -363,8 +368,22 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             envelope=envelope,
             changelog=changelog,
             columns=columns,
+            history=history,
         )
     return sources
+
+
+def _history(path: Path, source: str, table: str, kind: Any, changelog: Any) -> str:
+    """A table's ``history:`` option: ``scd2`` (apply/history.py), which is
+    derived from the change log."""
+    if kind != "scd2":
+        raise ConfigError(f"{path}: history of table {table!r} of source {source!r} is {kind!r}; use scd2 (or leave it out)")
+    if changelog is False:
+        raise ConfigError(
+            f"{path}: table {table!r} of source {source!r} asks for history: scd2, which is built from the change log; "
+            "remove changelog: false from the source"
+        )
+    return "scd2"
 
 
 def _declared_columns(path: Path, source: str, table: str, spec: Any) -> dict[str, str]:

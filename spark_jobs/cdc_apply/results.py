@@ -73,6 +73,8 @@ class TableResult:
     branch_snapshot: int | None = None  # the audit branch head this attempt wrote: validated and published only if still the head
     changelog: str | None = None  # the table's change log written on the same audit branch (apply/changelog.py)
     changelog_snapshot: int | None = None  # its branch head, published before the table
+    history: str | None = None  # the table's SCD2 history written on the same audit branch (apply/history.py)
+    history_snapshot: int | None = None  # its branch head, published after the change log, before the table
 
     @property
     def audit_branch(self) -> str:
@@ -165,7 +167,7 @@ def reason_class(reason: str | None) -> str:
 
 # -- files ----------------------------------------------------------------------
 
-ID_FIELDS = ("snapshot_id", "branch_snapshot", "changelog_snapshot")
+ID_FIELDS = ("snapshot_id", "branch_snapshot", "changelog_snapshot", "history_snapshot")
 """64-bit Iceberg ids: written as strings (a browser's JSON, e.g. Airflow's UI,
 rounds numbers above 2**53 to an id that does not exist), read back as int."""
 

@@ -109,7 +109,7 @@ def _merge(
     *,
     matched_only: bool,
 ) -> None:
-    _run_with_view(
+    run_with_view(
         spark,
         source,
         f"_cdc_src_{abs(hash((spec.identifier, batch_id)))}",
@@ -117,7 +117,7 @@ def _merge(
     )
 
 
-def _run_with_view(spark: SparkSession, df: DataFrame, view: str, sql: Callable[[str], str]) -> None:
+def run_with_view(spark: SparkSession, df: DataFrame, view: str, sql: Callable[[str], str]) -> None:
     """Run the statement ``sql(view)`` with ``df`` registered as ``view`` for its span."""
     df.createOrReplaceTempView(view)
     try:
@@ -265,7 +265,7 @@ def refresh_inherited(spark: SparkSession, spec: TableSpec, branch: str, batch_i
             if not by_kind:
                 break
             total += sum(by_kind.values())
-            _run_with_view(
+            run_with_view(
                 spark,
                 refreshed.drop("_cdc_deleted"),
                 f"_cdc_refresh_{abs(hash((spec.identifier, batch_id)))}",

@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_apply import ledger
-from cdc_apply.apply import branches, changelog, compact, gate, merge, tables
+from cdc_apply.apply import branches, changelog, compact, gate, history, merge, tables
 from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.config import Settings, SourceConfig
 from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalError
@@ -136,6 +136,8 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
     truncated_at = max([p for p in (truncs["p"], led.truncated_at if led else None, watermark) if p], default=None)
     if work.source.changelog:
         tr.changelog, tr.changelog_snapshot = changelog.write(work, spec, ev, new_files) or (None, None)
+    if work.source.lookup(work.source.history, meta["database"], meta["schema_name"], meta["table_name"]):
+        tr.history, tr.history_snapshot = history.write(work, spec, new_files, tr.changelog_snapshot) or (None, None)
     _write(work, spec, ev.where("op <> 't'"), meta, truncs, truncated_at, new_files, tr, led)
 
 

@@ -1,0 +1,102 @@
+"""SCD type 2 history (``history: scd2``, apply/history.py): every version of a
+key, checked against the reference model's history row for row, over random
+workloads, batch splits, duplicates and reorderings; and the cases a reader
+relies on, spelled out."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+
+from tests.apply_harness import apply_events, as_text, event
+from tests.reference_model import history_model
+from tests.test_apply_property import COLS, EXAMPLES, _ns, deliver, stamp, workloads
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+HISTORY = {"items": "scd2"}
+
+
+def stored_history(spark, settings, ns: str) -> list[dict]:
+    rows = spark.sql(
+        f"SELECT {as_text(COLS)}, _cdc_valid_from, _cdc_valid_to, _cdc_op, _cdc_closed_by, _cdc_current "
+        f"FROM {settings.catalog_name}.{ns}.items_history"
+    ).collect()
+    return sorted(
+        (
+            {
+                "key": (r["id"],),
+                "values": {c: r[c] for c in COLS},
+                "valid_from": r["_cdc_valid_from"],
+                "valid_to": r["_cdc_valid_to"],
+                "op": r["_cdc_op"],
+                "closed_by": r["_cdc_closed_by"],
+                "current": r["_cdc_current"],
+            }
+            for r in rows
+        ),
+        key=lambda v: (v["key"], v["valid_from"]),
+    )
+
+
+def model_history(events) -> list[dict]:
+    out = []
+    for v in history_model(events, ["id"], list(COLS)):
+        out.append({**v, "values": {c: v["values"].get(c) for c in COLS}, "current": v["valid_to"] is None})
+    return sorted(out, key=lambda v: (v["key"], v["valid_from"]))
+
+
+@hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(workloads(partial=True, partial_moves=True))
+def test_history_equals_the_reference_model_in_any_delivery_order(spark, settings, w):
+    """Late events split the version they belong in, re-deliveries change
+    nothing, key changes carry the old key's columns: in any order and split
+    (the history is rebuilt per key from the whole change log, so rule 3's
+    limit for the table does not apply to it)."""
+    events, seed, nbatches = w
+    ns = f"hist_{next(_ns)}"
+    batches = stamp(deliver(events, seed, nbatches, log_order=False), ns)
+    for batch in batches:
+        result = apply_events(spark, settings, ns, batch, history=HISTORY)
+        assert result.status == "complete", result.message
+    assert stored_history(spark, settings, ns) == model_history([e for b in batches for e in b])
+
+
+def test_a_late_event_splits_the_version_it_belongs_in_and_a_rerun_adds_nothing(spark, settings):
+    ns = f"hist_{next(_ns)}"
+    first = [
+        event("c", 1, {"name": "a", "amount": "1.00"}, pos=10),
+        event("u", 1, {"name": "c", "amount": "3.00"}, pos=30),
+        event("d", 1, pos=40),
+        event("c", 2, {"name": "x", "amount": "9.00"}, pos=50),
+    ]
+    apply_events(spark, settings, ns, first, history=HISTORY, batch_tag="one")
+    late = [event("u", 1, {"name": "b"}, pos=20, file=f"/virtual/{ns}/late.jsonl")]
+    result = apply_events(spark, settings, ns, late, history=HISTORY, batch_tag="late")
+    assert result.status == "complete", result.message
+    got = [(v["key"], v["values"]["name"], v["values"]["amount"], v["valid_from"][-2:], (v["valid_to"] or "")[-2:], v["op"], v["closed_by"]) for v in stored_history(spark, settings, ns)]
+    assert got == [
+        (("1",), "a", "1.00", "10", "20", "c", "u"),
+        (("1",), "b", "1.00", "20", "30", "u", "u"),  # the late partial update: its version sits between, amount carried
+        (("1",), "c", "3.00", "30", "40", "u", "d"),
+        (("2",), "x", "9.00", "50", "", "c", None),
+    ]
+    before = stored_history(spark, settings, ns)
+    again = apply_events(spark, settings, ns, late, history=HISTORY, batch_tag="again")  # the same file once more
+    assert again.status == "complete", again.message
+    assert stored_history(spark, settings, ns) == before
+
+
+def test_a_truncate_closes_every_current_version(spark, settings):
+    from cdc_apply.model import ChangeEvent, Op
+
+    ns = f"hist_{next(_ns)}"
+    events = [
+        event("c", 1, {"name": "a", "amount": "1.00"}, pos=10),
+        event("c", 2, {"name": "b", "amount": "2.00"}, pos=20),
+        ChangeEvent("x", "db", "public", "items", Op.TRUNCATE, [], {}, f"{30:020d}"),
+        event("c", 2, {"name": "B"}, pos=40),
+    ]
+    apply_events(spark, settings, ns, events, history=HISTORY)
+    got = [(v["key"], v["values"]["name"], v["values"]["amount"], v["closed_by"], v["current"]) for v in stored_history(spark, settings, ns)]
+    assert got == [(("1",), "a", "1.00", "t", False), (("2",), "b", "2.00", "t", False), (("2",), "B", None, None, True)]

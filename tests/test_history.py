@@ -74,7 +74,10 @@ def test_a_late_event_splits_the_version_it_belongs_in_and_a_rerun_adds_nothing(
     late = [event("u", 1, {"name": "b"}, pos=20, file=f"/virtual/{ns}/late.jsonl")]
     result = apply_events(spark, settings, ns, late, history=HISTORY, batch_tag="late")
     assert result.status == "complete", result.message
-    got = [(v["key"], v["values"]["name"], v["values"]["amount"], v["valid_from"][-2:], (v["valid_to"] or "")[-2:], v["op"], v["closed_by"]) for v in stored_history(spark, settings, ns)]
+    got = [
+        (v["key"], v["values"]["name"], v["values"]["amount"], v["valid_from"][-2:], (v["valid_to"] or "")[-2:], v["op"], v["closed_by"])
+        for v in stored_history(spark, settings, ns)
+    ]
     assert got == [
         (("1",), "a", "1.00", "10", "20", "c", "u"),
         (("1",), "b", "1.00", "20", "30", "u", "u"),  # the late partial update: its version sits between, amount carried
@@ -98,5 +101,25 @@ def test_a_truncate_closes_every_current_version(spark, settings):
         event("c", 2, {"name": "B"}, pos=40),
     ]
     apply_events(spark, settings, ns, events, history=HISTORY)
-    got = [(v["key"], v["values"]["name"], v["values"]["amount"], v["closed_by"], v["current"]) for v in stored_history(spark, settings, ns)]
+    got = [
+        (v["key"], v["values"]["name"], v["values"]["amount"], v["closed_by"], v["current"]) for v in stored_history(spark, settings, ns)
+    ]
     assert got == [(("1",), "a", "1.00", "t", False), (("2",), "b", "2.00", "t", False), (("2",), "B", None, None, True)]
+
+
+def test_history_is_configured_per_table_and_needs_the_change_log(settings, tmp_path):
+    import dataclasses
+
+    from cdc_apply.config import load_sources
+    from cdc_apply.errors import ConfigError
+
+    f = tmp_path / "sources.yaml"
+    s = dataclasses.replace(settings, sources_file=f)
+    f.write_text("sources:\n  s:\n    format: debezium_postgres\n    tables:\n      public.items: {history: scd2}\n")
+    assert load_sources(s)["s"].history == {"public.items": "scd2"}
+    f.write_text("sources:\n  s:\n    format: debezium_postgres\n    tables:\n      public.items: {history: scd3}\n")
+    with pytest.raises(ConfigError, match=r"history of table 'public.items' of source 's' is 'scd3'; use scd2"):
+        load_sources(s)
+    f.write_text("sources:\n  s:\n    format: debezium_postgres\n    changelog: false\n    tables:\n      public.items: {history: scd2}\n")
+    with pytest.raises(ConfigError, match=r"built from the change log; remove changelog: false"):
+        load_sources(s)

@@ -13,7 +13,7 @@ def table_status(settings) -> list[dict[str, Any]]:
     """One dict per table of every configured source, ids as strings."""
     from cdc_apply.batch import pending_files
     from cdc_apply.config import load_sources
-    from cdc_apply.ledger import Ledger
+    from cdc_apply.ledger import DERIVED_PROPERTIES, Ledger
 
     ledger = Ledger(settings)
     catalog = ledger.catalog
@@ -34,7 +34,7 @@ def table_status(settings) -> list[dict[str, Any]]:
         for ident in idents:
             full = f"{settings.catalog_name}.{ident}"
             led = ledger.table_ledger(ident)
-            if "cdc.changelog-of" in catalog.load_table(ident).properties:  # a change log: no live rows or tombstones
+            if DERIVED_PROPERTIES & catalog.load_table(ident).properties.keys():  # a change log or history: no live rows
                 continue
             deleted = catalog.load_table(ident).scan(selected_fields=("_cdc_deleted",)).to_arrow().column("_cdc_deleted").to_pylist()
             mine = [r for r in rows if r["table_name"] == full]

@@ -140,7 +140,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         for ident in sorted(idents):
             tled = led.table_ledger(ident)
             table = catalog.load_table(ident)
-            if "cdc.changelog-of" in table.properties:  # a change log (apply/changelog.py): no rows to count as live
+            if ledger.DERIVED_PROPERTIES & table.properties.keys():  # a change log or history: no rows to count as live
                 continue
             deleted = table.scan(selected_fields=("_cdc_deleted",)).to_arrow().column("_cdc_deleted").to_pylist()
             out.append(

@@ -194,6 +194,20 @@ def write_next_demo_hour(settings: Settings, source_name: str = "pg_inventory") 
     return path
 
 
+def print_history(catalog: Any) -> None:
+    """The SCD2 history of the demo table (``history: scd2`` in include/sources.yaml)."""
+    try:
+        hist = catalog.load_table("pg_inventory.customers_history")
+    except Exception:  # history not configured for the table
+        return
+    rows = sorted(hist.scan().to_arrow().to_pylist(), key=lambda r: (r["id"], r["_cdc_valid_from"]))
+    print("\nlake.pg_inventory.customers_history (one row per version; README, 'History: SCD type 2 per table'):")
+    cols = ["id", "first_name", "balance", "_cdc_valid_from", "_cdc_valid_to", "_cdc_op", "_cdc_closed_by", "_cdc_current"]
+    print(" | ".join(cols))
+    for r in rows:
+        print(" | ".join(str(r[c]) for c in cols))
+
+
 def main(argv: list[str] | None = None) -> int:
     import logging
 
@@ -237,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tombstones (deleted keys, kept so that no older event brings them back; hidden by customers_live):")
         for r in dead:
             print(f"  id {r['id']}: {r['_cdc_op']} at {r['_cdc_position']}")
+    print_history(catalog)
     summary = snapshot.summary.additional_properties if snapshot.summary else {}
     print(
         f"\nsnapshot summary: batch {summary.get('cdc.batch-id')}, files {len(json.loads(summary.get('cdc.files', '[]')))}, counts {summary.get('cdc.counts')}"

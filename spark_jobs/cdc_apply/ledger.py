@@ -40,6 +40,9 @@ QUARANTINE_TABLE = "quarantine"
 # batch rows (table_name '*') whose files count as applied: 'skipped' is an
 # operator's explicit decision to never apply them (see results.Override)
 APPLIED_STATUSES = (Status.COMPLETE, Status.SKIPPED)
+DERIVED_PROPERTIES = frozenset({PREFIX + "changelog-of", PREFIX + "history-of"})
+"""Table properties of tables derived from a CDC table (its change log,
+its history): they have no live rows or tombstones to count."""
 AUDIT_BRANCH_PREFIX = "audit_"
 PUBLISH_TAG_PREFIX = "cdc_"
 """A publish tags its snapshot ``cdc_<batch id>`` (``fast_forward``): the

@@ -111,10 +111,14 @@ def write(work: Any, spec: tables.TableSpec, files: list[ArchiveFile], changelog
         touched = logged.where("op <> 't'").select("_k", "key").dropDuplicates(["_k"])
     else:
         touched = _linked_keys(spark, logged, mine.where("op <> 't'").select("_k", "key").dropDuplicates(["_k"]))
-    rows = versions(logged.join(touched.select("_k"), "_k", "left_semi").unionByName(logged.where("op = 't'")), spec.key_columns, spec.columns)
+    rows = versions(
+        logged.join(touched.select("_k"), "_k", "left_semi").unionByName(logged.where("op = 't'")), spec.key_columns, spec.columns
+    )
     branch = ledger.audit_branch(batch_id)
     branches.reset_branch(spark, hspec, branch)
-    props = ledger.summary_properties(batch_id, [f.as_dict() for f in new if f.path not in work.held_files], position_max=None, truncated_at=None, counts={})
+    props = ledger.summary_properties(
+        batch_id, [f.as_dict() for f in new if f.path not in work.held_files], position_max=None, truncated_at=None, counts={}
+    )
     attempt = props[ATTEMPT_PROPERTY] = uuid.uuid4().hex
     start = branches.branch_snapshot(spark, hspec, branch)
     with branches.snapshot_properties(spark, props):
@@ -156,7 +160,9 @@ def _linked_keys(spark: SparkSession, logged: DataFrame, touched: DataFrame) -> 
     for old, new in links:
         graph[old].add(new)
         graph[new].add(old)
-    start = [r[0] for r in touched.join(spark.createDataFrame([(k,) for k in graph], "_k string"), "_k", "left_semi").select("_k").collect()]
+    start = [
+        r[0] for r in touched.join(spark.createDataFrame([(k,) for k in graph], "_k string"), "_k", "left_semi").select("_k").collect()
+    ]
     seen, todo = set(start), list(start)
     while todo:
         for nxt in graph[todo.pop()] - seen:
@@ -177,22 +183,26 @@ def versions(logged: DataFrame, key_columns: list[str], columns: dict[str, str])
     if heirs.limit(1).count():
         states = _inherit(events, heirs, states, data_cols)
     w = Window.partitionBy("_k").orderBy(*_ORDER)
-    return states.select(
-        "*",
-        F.lead("position").over(w).alias("_cdc_valid_to"),
-        F.lead("commit_ts").over(w).alias("_cdc_valid_to_ts"),
-        F.lead("op").over(w).alias("_cdc_closed_by"),
-    ).where(~F.col("op").isin(*_ENDS)).select(
-        *[typed_value(F.col("key")[k], columns[k]).alias(k) for k in key_columns],
-        *[typed_value(F.col("_state")[c], columns[c]).alias(c) for c in data_cols],
-        F.col("position").alias("_cdc_valid_from"),
-        "_cdc_valid_to",
-        F.col("commit_ts").alias("_cdc_valid_from_ts"),
-        "_cdc_valid_to_ts",
-        F.col("op").alias("_cdc_op"),
-        "_cdc_closed_by",
-        F.col("_cdc_valid_to").isNull().alias("_cdc_current"),
-        F.col("tx_id").alias("_cdc_tx_id"),
+    return (
+        states.select(
+            "*",
+            F.lead("position").over(w).alias("_cdc_valid_to"),
+            F.lead("commit_ts").over(w).alias("_cdc_valid_to_ts"),
+            F.lead("op").over(w).alias("_cdc_closed_by"),
+        )
+        .where(~F.col("op").isin(*_ENDS))
+        .select(
+            *[typed_value(F.col("key")[k], columns[k]).alias(k) for k in key_columns],
+            *[typed_value(F.col("_state")[c], columns[c]).alias(c) for c in data_cols],
+            F.col("position").alias("_cdc_valid_from"),
+            "_cdc_valid_to",
+            F.col("commit_ts").alias("_cdc_valid_from_ts"),
+            "_cdc_valid_to_ts",
+            F.col("op").alias("_cdc_op"),
+            "_cdc_closed_by",
+            F.col("_cdc_valid_to").isNull().alias("_cdc_current"),
+            F.col("tx_id").alias("_cdc_tx_id"),
+        )
     )
 
 
@@ -254,7 +264,9 @@ def _inherit(events: DataFrame, heirs: DataFrame, states: DataFrame, data_cols: 
     rounds = heirs.count() + 1
     last: list[Any] | None = None
     for _ in range(rounds):
-        prior = states.select(F.col("_k").alias("_old"), F.col("_ord").alias("_pord"), F.col("op").alias("_pop"), F.col("_state").alias("_pstate"))
+        prior = states.select(
+            F.col("_k").alias("_old"), F.col("_ord").alias("_pord"), F.col("op").alias("_pop"), F.col("_state").alias("_pstate")
+        )
         cand = heirs.join(prior, "_old").where(F.col("_pord") < F.col("_anchor"))
         pick = Window.partitionBy("_k", "_ord").orderBy(F.col("_pord").desc())
         moved = (

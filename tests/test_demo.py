@@ -25,7 +25,15 @@ def test_demo_prints_the_table_and_is_idempotent(tmp_path):
     out = run_demo(tmp_path)
     assert ": complete in" in out and "published" in out
     assert "1 | Anne-Marie | Doe1 | c1@example.com | 12.34 |" in out
-    assert "tombstones (deleted keys" in out and "  id 3: d at " in out and "\n3 | " not in out
+    table, history = out.split("customers_history")
+    assert "tombstones (deleted keys" in table and "  id 3: d at " in table and "\n3 | " not in table
+    versions = [line.split(" | ") for line in history.splitlines() if line[:2] in ("1 ", "3 ")]
+    assert [(v[0], v[1], v[5], v[6], v[7]) for v in versions] == [
+        ("1", "Anne", "r", "u", "False"),
+        ("1", "Anne Marie", "u", "u", "False"),
+        ("1", "Anne-Marie", "u", "None", "True"),
+        ("3", "Cid", "r", "d", "False"),  # the deleted key's last version, closed by its delete
+    ]
     again = run_demo(tmp_path)
     assert "nothing-to-do" in again
     assert again.split("snapshot summary:")[1] == out.split("snapshot summary:")[1]

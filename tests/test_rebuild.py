@@ -65,7 +65,7 @@ def test_rebuild_in_other_batches_equals_the_live_tables_but_for_purged_tombston
     from cdc_apply.maintenance import maintain_table
 
     (tmp_path / "sources.yaml").write_text(
-        f"sources:\n  {SOURCE}:\n    format: debezium_postgres\n    namespace: {SOURCE}\n    tables:\n      public.customers: {{primary_key: [id]}}\n"
+        f"sources:\n  {SOURCE}:\n    format: debezium_postgres\n    namespace: {SOURCE}\n    tables:\n      public.customers: {{primary_key: [id], history: scd2}}\n"
     )
     monkeypatch.setenv("CDC_SOURCES_FILE", str(tmp_path / "sources.yaml"))
     s = Settings.from_env()
@@ -80,7 +80,7 @@ def test_rebuild_in_other_batches_equals_the_live_tables_but_for_purged_tombston
     capsys.readouterr()
     assert cli.main(["rebuild", "--source", SOURCE]) == 0
     reports = {r["table"]: r for r in json.loads(capsys.readouterr().out)}
-    assert set(reports) == {"customers", "customers_changes"}  # the change log is rebuilt and compared too
+    assert set(reports) == {"customers", "customers_changes", "customers_history"}  # change log and history too
     assert all(r["equal"] and r["purged_tombstones"] == 0 for r in reports.values()), reports
     live = spark.table(f"{s.catalog_name}.{SOURCE}.customers")
     rebuilt = spark.table(f"{s.catalog_name}.{SOURCE}_rebuild.customers")
@@ -107,3 +107,20 @@ def test_rebuild_in_other_batches_equals_the_live_tables_but_for_purged_tombston
     spark.sql(f"UPDATE {ident} SET balance = balance + 1 WHERE id = (SELECT min(id) FROM {ident})")
     report = rebuild.compare(spark.table(ident), rebuilt, ["id"], purge_ran=True)
     assert not report["equal"] and report["only_live"] and report["fingerprint_live"] != report["fingerprint_rebuilt"]
+
+
+def test_rebuild_table_takes_the_source_name_bare_or_qualified_or_the_mapped_target():
+    import re
+
+    from cdc_apply.config import SourceConfig
+    from cdc_apply.rebuild import table_filter
+
+    source = SourceConfig(name="s", format="debezium_postgres", namespace="s", targets={"public.order": "orders_t"})
+    for arg, matches, misses in (
+        ("customers", ["customers"], ["customers2", "x_customers"]),
+        ("public.customers", ["customers"], ["public"]),
+        ("orders_t", ["order", "orders_t"], ["orders"]),
+    ):
+        pattern = table_filter(source, arg)
+        assert all(re.search(pattern, m) for m in matches), (arg, pattern)
+        assert not any(re.search(pattern, m) for m in misses), (arg, pattern)

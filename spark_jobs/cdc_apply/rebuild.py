@@ -87,6 +87,13 @@ def reset(spark: SparkSession, settings: Settings, rb: SourceConfig) -> None:
         spark.sql(f"DELETE FROM {batches} WHERE source = {sql_string(rb.name)}")
 
 
+def table_filter(source: SourceConfig, table: str) -> str:
+    """``--table`` as the apply's ``table_name`` filter: the source table's name,
+    bare or qualified (``public.customers``), or the target a table is mapped to."""
+    names = {table.split(".")[-1]} | {name.split(".")[-1] for name, target in source.targets.items() if target == table.lower()}
+    return "^(" + "|".join(re.escape(n) for n in sorted(names)) + ")$"
+
+
 def replay(spark: SparkSession, settings: Settings, source: SourceConfig, table: str | None = None) -> SourceConfig:
     """Replay the source's applied files into the rebuild namespace, one batch
     per hour; forced past the gate (the comparison is the check); a batch
@@ -95,7 +102,7 @@ def replay(spark: SparkSession, settings: Settings, source: SourceConfig, table:
     reset(spark, settings, rb)
     force = Override.parse("force", "rebuild from zero: compared with the live tables afterwards", "cdc rebuild")
     for files in by_hour(replay_files(settings, source)):
-        result = run_batch(settings, rb, files, spark=spark, table_filter=f"^{re.escape(table)}$" if table else None, override=force)
+        result = run_batch(settings, rb, files, spark=spark, table_filter=table_filter(source, table) if table else None, override=force)
         if result.status != Status.COMPLETE:
             raise CdcError(f"rebuild of {source.name}: batch {result.batch_id} {result.status}: {result.message}")
     return rb

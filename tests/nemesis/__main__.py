@@ -26,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="seeds the workload, the kill instants and the mutations")
     p.add_argument("--work", type=Path, default=Path("/tmp/nemesis"), help="work folder (archive, state folders, report.json)")
     p.add_argument("--mutations", type=int, default=2000, help="mutated messages per format per hostile round")
+    p.add_argument("--instants-only", action="store_true", help="kill: random instants only, no stage boundaries")
     p.add_argument("--single-batch", action="store_true", help="one batch instead of two (faster, no trials on stored rows)")
     return p
 
@@ -38,7 +39,7 @@ def _subprocess_kinds(args, kinds: list[str], report) -> None:
     base = prepare(args.work / "cli", args.seed, split=not args.single_batch)
     print(f"baseline: {base.seconds} s per clean run; {sum(len(v) for v in base.expected['tables'].values())} rows", flush=True)
     if "kill" in kinds:
-        for spec in kills.plan(base, rnd, args.trials):
+        for spec in kills.plan(base, rnd, args.trials, instants_only=args.instants_only):
             report(kills.run_one(base, spec))
     if "race" in kinds:
         for i in range(args.trials):

@@ -114,14 +114,16 @@ def staged_trial(
     return trial
 
 
-def plan(base: Baseline, rnd: random.Random, trials: int) -> list[tuple]:
-    """Every boundary of every stage first (CLI and staged), then random instants."""
+def plan(base: Baseline, rnd: random.Random, trials: int, instants_only: bool = False) -> list[tuple]:
+    """Every boundary of every stage first (CLI and staged), then random
+    instants; ``instants_only``: random instants alone (a run after the
+    boundaries were covered)."""
     out: list[tuple] = []
     for phase in base.phases:
         out += [("cli", phase, "all", p, None) for p in STAGE_POINTS["all"]]
         out += [("staged", phase, stage, p, None) for stage in ("write", "validate", "publish", "finish") for p in STAGE_POINTS[stage]]
     rnd.shuffle(out)
-    boundaries = out[: max(trials - trials // 3, trials - len(out)) if trials < 2 * len(out) else len(out)]
+    boundaries = [] if instants_only else out[: max(trials - trials // 3, trials - len(out)) if trials < 2 * len(out) else len(out)]
     instants = []
     for _ in range(max(0, trials - len(boundaries))):
         phase = rnd.choice(base.phases)

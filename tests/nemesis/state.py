@@ -56,6 +56,8 @@ def read_state(home: str, namespace: str) -> dict[str, Any]:
         state["refs"][ident] = sorted(n for n, r in table.metadata.refs.items() if n != "main" and r.snapshot_ref_type == "branch")
         if "cdc.changelog-of" in table.properties:
             state.setdefault("changelogs", []).append(ident)
+        if "cdc.history-of" in table.properties:
+            state.setdefault("histories", []).append(ident)
     try:
         batches = (
             catalog.load_table("cdc_audit.batches")
@@ -79,7 +81,8 @@ def invariants(state: dict[str, Any]) -> list[str]:
     """What must hold after any trial, whatever was killed: no file applied
     twice (by two batches) in a table, no audit or maintenance branch left,
     no batch recorded complete twice, no file in two complete batches, no
-    quarantine row doubled, no table row doubled."""
+    quarantine row doubled, no table row doubled (a change logged twice, a
+    history version stored twice)."""
     bad = []
     for ident, files in state["files"].items():
         bad += [f"{ident}: file {p} applied by {len(b)} batches {b}" for p, b in files.items() if len(b) != 1]
@@ -88,8 +91,12 @@ def invariants(state: dict[str, Any]) -> list[str]:
     bad += [f"batch {bid} recorded complete {n} times" for bid, n in Counter(b[0] for b in done).items() if n > 1]
     bad += [f"file {p} in {n} complete batches" for p, n in Counter(p for b in done for p in b[2]).items() if n > 1]
     bad += [f"quarantine row doubled: {q}" for q, n in Counter(map(tuple, state["quarantine"])).items() if n > 1]
-    changelogs = set(state.get("changelogs", []))
+    changelogs, histories = set(state.get("changelogs", [])), set(state.get("histories", []))
     for ident, rows in state["tables"].items():
+        if ident in histories:  # one row per version: each (key, valid from) once
+            versions = Counter((d.get("id"), d.get("_cdc_valid_from")) for d in map(json.loads, rows))
+            bad += [f"{ident}: version {k} stored {n} times" for k, n in versions.items() if n > 1]
+            continue
         if ident in changelogs:  # one row per change: each (file, line) logged once
             lines = Counter((d.get("file"), d.get("line"), d.get("position")) for d in map(json.loads, rows))
             bad += [f"{ident}: change {k} logged {n} times" for k, n in lines.items() if n > 1]

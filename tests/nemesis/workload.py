@@ -23,8 +23,9 @@ SOURCE = "nem"
 
 def sources_yaml(name: str = SOURCE, namespace: str = SOURCE) -> str:
     """The sources file of the workload (a tolerant quarantine limit: the
-    workload's malformed lines are part of the expected state)."""
-    tables = "".join(f"      public.{t}: {{primary_key: [id]}}\n" for t in TABLES)
+    workload's malformed lines are part of the expected state); ``items``
+    keeps an SCD2 history, so kills between its publish and the table's are tried."""
+    tables = "".join(f"      public.{t}: {{primary_key: [id]{', history: scd2' if t == 'items' else ''}}}\n" for t in TABLES)
     return f"sources:\n  {name}:\n    format: debezium_postgres\n    namespace: {namespace}\n    quarantine_max_share: 0.5\n    tables:\n{tables}"
 
 

@@ -123,3 +123,13 @@ def test_history_is_configured_per_table_and_needs_the_change_log(settings, tmp_
     f.write_text("sources:\n  s:\n    format: debezium_postgres\n    changelog: false\n    tables:\n      public.items: {history: scd2}\n")
     with pytest.raises(ConfigError, match=r"built from the change log; remove changelog: false"):
         load_sources(s)
+
+
+def test_history_turned_on_later_builds_every_key_the_change_log_holds(spark, settings):
+    ns = f"hist_{next(_ns)}"
+    before = [event("c", 1, {"name": "a", "amount": "1.00"}, pos=10), event("u", 1, {"name": "b"}, pos=20)]
+    apply_events(spark, settings, ns, before, batch_tag="off")  # change log only
+    result = apply_events(spark, settings, ns, [event("c", 2, {"name": "x", "amount": "2.00"}, pos=30)], history=HISTORY, batch_tag="on")
+    assert result.status == "complete", result.message
+    got = [(v["key"], v["values"]["name"], v["values"]["amount"], v["current"]) for v in stored_history(spark, settings, ns)]
+    assert got == [(("1",), "a", "1.00", False), (("1",), "b", "1.00", True), (("2",), "x", "2.00", True)]

@@ -107,7 +107,7 @@ def write(work: Any, spec: tables.TableSpec, files: list[ArchiveFile], changelog
     logged = logged.withColumn("_k", F.to_json("key"))
     paths = [f.path for f in new]
     mine = logged.where(F.col("file").isin(paths))
-    if mine.where("op = 't'").limit(1).count():  # a truncate closes every key's version
+    if not (led and led.files) or mine.where("op = 't'").limit(1).count():  # a new history, or a truncate: every key
         touched = logged.where("op <> 't'").select("_k", "key").dropDuplicates(["_k"])
     else:
         touched = _linked_keys(spark, logged, mine.where("op <> 't'").select("_k", "key").dropDuplicates(["_k"]))

@@ -652,13 +652,13 @@ def test_a_foreign_commit_between_a_runs_writes_fails_it_as_concurrent(spark, se
     """The append of new keys validates nothing at commit: a run whose
     branch holds another run's commit between its own (two runs of one batch)
     fails transient, saying so, and a retry applies the batch once."""
-    from cdc_apply.apply import branches, merge, table
+    from cdc_apply.apply import branches, merge
 
     apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
     real_append = merge.append_new_keys
 
     def other_run_commits_first(spark_, spec, branch, source, batch_id):
-        key = "spark.sql.iceberg.snapshot-property." + table.ATTEMPT_PROPERTY
+        key = "spark.sql.iceberg.snapshot-property." + branches.ATTEMPT_PROPERTY
         mine = spark_.conf.get(key)
         spark_.conf.set(key, "another-run")
         try:

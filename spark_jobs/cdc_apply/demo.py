@@ -196,9 +196,11 @@ def write_next_demo_hour(settings: Settings, source_name: str = "pg_inventory") 
 
 def print_history(catalog: Any) -> None:
     """The SCD2 history of the demo table (``history: scd2`` in include/sources.yaml)."""
+    from pyiceberg.exceptions import NoSuchTableError
+
     try:
         hist = catalog.load_table("pg_inventory.customers_history")
-    except Exception:  # history not configured for the table
+    except NoSuchTableError:  # history not configured for the table
         return
     rows = sorted(hist.scan().to_arrow().to_pylist(), key=lambda r: (r["id"], r["_cdc_valid_from"]))
     print("\nlake.pg_inventory.customers_history (one row per version; README, 'History: SCD type 2 per table'):")

@@ -22,9 +22,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc_apply import ledger
-from cdc_apply.apply import changelog, history
 from cdc_apply.apply.compact import quote
-from cdc_apply.apply.tables import existing_schema, sql_string
+from cdc_apply.apply.tables import existing_schema, sql_string, table_properties
 from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.archive.listing import list_files
 from cdc_apply.batch import run_batch
@@ -187,7 +186,7 @@ def rebuild(spark: SparkSession, settings: Settings, source: SourceConfig, table
             reports.append({"table": name, "equal": False, "message": "rebuilt, but no live table of that name"})
             continue
         live, rebuilt = spark.table(live_ident), spark.table(rb_ident)
-        is_log = name.endswith((changelog.SUFFIX, history.SUFFIX)) and "_cdc_deleted" not in live.columns  # derived: no tombstones
+        is_log = bool(ledger.DERIVED_PROPERTIES & table_properties(spark, live_ident).keys())  # change log, history: no tombstones
         keys = None if is_log else existing_schema(spark, live_ident)[1]
         report = {"table": name, **compare(live, rebuilt, keys, not is_log and maintenance_purged(spark, live_ident))}
         log.info("rebuild %s: %s", name, report)

@@ -10,11 +10,15 @@ from collections.abc import Iterator
 
 from pyspark.sql import DataFrame, SparkSession
 
+from cdc_apply import ledger
 from cdc_apply.apply.maintenance_lock import MAINTENANCE_BRANCH, recover_stale_lock
 from cdc_apply.apply.tables import TableSpec
-from cdc_apply.errors import CdcError
+from cdc_apply.errors import CdcError, ConcurrentApply
 
 _SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
+ATTEMPT_PROPERTY = ledger.PREFIX + "attempt-id"
+"""Snapshot-summary property naming the run that wrote a branch head (runs
+of one batch share the branch): ``own_head`` checks it."""
 
 
 @contextlib.contextmanager
@@ -57,3 +61,30 @@ def ledger_commit(spark: SparkSession, spec: TableSpec, branch: str) -> None:
     """An empty append carrying the ledger properties, for a batch whose events
     were all superseded or duplicates: its files still count as applied."""
     spark.table(spec.identifier).limit(0).writeTo(branch_ref(spec, branch)).append()
+
+
+def own_head(spark: SparkSession, spec: TableSpec, branch: str, attempt: str, batch_id: str, start: int | None) -> int:
+    """The branch head, checked to be this run's own commit and every commit
+    between it and ``start`` (the branch as this run created it) too (their
+    attempt id in the snapshot summary): another run of the batch may have
+    reset the branch or committed in between.  The append of new keys
+    (merge.append_new_keys) validates nothing at commit, so a run whose
+    append landed on another run's commits fails here."""
+    head = branch_snapshot(spark, spec, branch)
+    snaps = {
+        r["snapshot_id"]: (r["parent_id"], r["a"])
+        for r in spark.sql(f"SELECT snapshot_id, parent_id, summary['{ATTEMPT_PROPERTY}'] AS a FROM {spec.identifier}.snapshots").collect()
+    }
+    own, at = head is not None and head != start, head
+    while own and at != start:
+        parent, a = snaps.get(at, (None, None))
+        own = a == attempt
+        at = parent
+        if at is None and start is not None:
+            own = False
+    if not own or head is None:
+        raise ConcurrentApply(
+            f"another run is applying batch {batch_id} to {spec.identifier} at the same time (the head {head} of branch {branch!r} "
+            "is not this run's write); retry: the retry applies what is left, exactly once"
+        )
+    return int(head)

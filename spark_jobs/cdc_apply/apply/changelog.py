@@ -22,10 +22,9 @@ from pyspark.sql import functions as F
 from cdc_apply import ledger
 from cdc_apply.apply import branches, tables
 from cdc_apply.archive.files import ArchiveFile
-from cdc_apply.errors import ConcurrentApply, ConfigError
+from cdc_apply.errors import ConfigError
 
 SUFFIX = "_changes"
-ATTEMPT_PROPERTY = ledger.PREFIX + "attempt-id"
 COLUMNS = (
     "batch_id string NOT NULL, source_table string, op string NOT NULL, key_columns array<string>, key map<string,string>, "
     "after map<string,string>, before map<string,string>, present array<string>, position string, tx_id string, "
@@ -111,16 +110,11 @@ def write(work: Any, spec: tables.TableSpec, events: DataFrame, files: list[Arch
     branches.reset_branch(spark, cl, branch)
     applied = [f.as_dict() for f in new if f.path not in work.held_files]
     props = ledger.summary_properties(batch_id, applied, position_max=None, truncated_at=None, counts={})
-    attempt = props[ATTEMPT_PROPERTY] = uuid.uuid4().hex
+    attempt = props[branches.ATTEMPT_PROPERTY] = uuid.uuid4().hex
+    start = branches.branch_snapshot(spark, cl, branch)
     with branches.snapshot_properties(spark, props):
         rows.writeTo(branches.branch_ref(cl, branch)).append()
-    head = branches.branch_snapshot(spark, cl, branch)
-    mine = head is not None and spark.sql(
-        f"SELECT summary['{ATTEMPT_PROPERTY}'] AS a FROM {ident}.snapshots WHERE snapshot_id = {int(head)}"
-    ).collect() == [(attempt,)]
-    if not mine or head is None:
-        raise ConcurrentApply(f"another run is applying batch {batch_id} to {ident} at the same time (branch {branch!r} moved); retry")
-    return ident, int(head)
+    return ident, branches.own_head(spark, cl, branch, attempt, batch_id, start)
 
 
 def publish(led: ledger.Ledger, tr: Any) -> None:

@@ -32,11 +32,10 @@ from cdc_apply import ledger
 from cdc_apply.apply import branches, changelog, merge, tables
 from cdc_apply.apply.compact import quote, typed_value
 from cdc_apply.archive.files import ArchiveFile
-from cdc_apply.errors import ConcurrentApply, ConfigError
+from cdc_apply.errors import ConfigError
 
 SUFFIX = "_history"
 PROPERTY = "cdc.history-of"
-ATTEMPT_PROPERTY = ledger.PREFIX + "attempt-id"
 META_COLUMNS = {
     "_cdc_valid_from": "string",
     "_cdc_valid_to": "string",
@@ -75,8 +74,8 @@ def ensure_table(spark: SparkSession, ident: str, spec: tables.TableSpec, source
         for col, typ in spec.columns.items():
             if col not in have:
                 spark.sql(f"ALTER TABLE {ident} ADD COLUMN {quote(col)} {typ}")
-            elif tables.widen(have[col], typ, col) != have[col]:
-                spark.sql(f"ALTER TABLE {ident} ALTER COLUMN {quote(col)} TYPE {tables.widen(have[col], typ, col)}")
+            elif (wide := tables.widen(have[col], typ, col)) != have[col]:
+                spark.sql(f"ALTER TABLE {ident} ALTER COLUMN {quote(col)} TYPE {wide}")
         return
     cols = [f"{quote(c)} {t}" for c, t in spec.columns.items()] + [f"{c} {t}" for c, t in META_COLUMNS.items()]
     spark.sql(
@@ -119,18 +118,13 @@ def write(work: Any, spec: tables.TableSpec, files: list[ArchiveFile], changelog
     props = ledger.summary_properties(
         batch_id, [f.as_dict() for f in new if f.path not in work.held_files], position_max=None, truncated_at=None, counts={}
     )
-    attempt = props[ATTEMPT_PROPERTY] = uuid.uuid4().hex
+    attempt = props[branches.ATTEMPT_PROPERTY] = uuid.uuid4().hex
     start = branches.branch_snapshot(spark, hspec, branch)
     with branches.snapshot_properties(spark, props):
         _merge_versions(spark, hspec, branch, rows.withColumn("_cdc_batch_id", F.lit(batch_id)), touched)
         if branches.branch_snapshot(spark, hspec, branch) == start:  # no version changed: the files still count as applied
             branches.ledger_commit(spark, hspec, branch)
-    head = branches.branch_snapshot(spark, hspec, branch)
-    if head is None or spark.sql(
-        f"SELECT summary['{ATTEMPT_PROPERTY}'] AS a FROM {ident}.snapshots WHERE snapshot_id = {int(head)}"
-    ).collect() != [(attempt,)]:
-        raise ConcurrentApply(f"another run is applying batch {batch_id} to {ident} at the same time (branch {branch!r} moved); retry")
-    return ident, int(head)
+    return ident, branches.own_head(spark, hspec, branch, attempt, batch_id, start)
 
 
 def publish(led: ledger.Ledger, tr: Any) -> None:

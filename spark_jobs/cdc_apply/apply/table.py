@@ -39,9 +39,6 @@ A batch as large as the table gains nothing and pays the broadcast (1M
 events into 1M rows: +2.6 s), and a very large batch's keys would weigh on
 the driver: both join the whole stored state."""
 
-ATTEMPT_PROPERTY = ledger.PREFIX + "attempt-id"
-"""Snapshot-summary property naming the run that wrote a branch head (runs
-of one batch share the branch)."""
 TRUNCATES_KEY = "_cdc_truncates"
 """Source-state entry: ``{"<db>.<schema>.<table>": position}`` of truncates
 of tables not in the lake yet, so that older events arriving later stay out."""
@@ -192,7 +189,7 @@ def _write(
     branches.reset_branch(spark, spec, branch)
     start_snapshot = branches.branch_snapshot(spark, spec, branch)
     main_df = branches.read_branch(spark, spec, "main")
-    attempt = uuid.uuid4().hex  # on every commit of this run's write: _own_head checks the branch holds only them
+    attempt = uuid.uuid4().hex  # on every commit of this run's write: branches.own_head checks the branch holds only them
     if truncs["n"]:
         merge.apply_truncate(spark, spec, branch, truncs["p"])
         # a delete of whole files commits without the session's snapshot properties: the write starts after it
@@ -249,7 +246,7 @@ def _write(
         applied = [f.as_dict() for f in new_files if f.path not in work.held_files]
         props = ledger.summary_properties(work.batch_id, applied, position_max=tr.position_max, truncated_at=truncated_at, counts=counts)
         props.update(ledger.watermark_properties(prior, tr.position_max, truncs["ts"]))  # what as-of reads (asof.py)
-        props[ATTEMPT_PROPERTY] = attempt
+        props[branches.ATTEMPT_PROPERTY] = attempt
         with branches.snapshot_properties(spark, props):
             source_df = compact.merge_source(folded, spec.key_columns, spec.columns)
             merge.merge_changes(
@@ -269,7 +266,7 @@ def _write(
             if not counts["keys"] or truncs["n"]:
                 branches.ledger_commit(spark, spec, branch)
         tr.branch = branch
-        tr.branch_snapshot = _own_head(spark, spec, branch, attempt, work.batch_id, start_snapshot)
+        tr.branch_snapshot = branches.own_head(spark, spec, branch, attempt, work.batch_id, start_snapshot)
         tr.key_columns = spec.key_columns
         # reconciliation needs the folded batch: computed now, judged by the gate
         tr.failed_expectations += gate.reconcile(
@@ -404,33 +401,6 @@ def _conflict_check(labelled: DataFrame, key_columns: list[str], n: int) -> str:
         f"key {tuple(r[k] for k in key_columns)} position {r[compact.META_POS]} at {r['_cdc_file']}:{r['_cdc_line']}" for r in rows
     )
     return f"equal_position_conflict(events={n}: different events of one key at one source position, not applied; e.g. {where})"
-
-
-def _own_head(spark: SparkSession, spec: tables.TableSpec, branch: str, attempt: str, batch_id: str, start: int | None) -> int:
-    """The branch head, checked to be this run's own commit and every commit
-    between it and ``start`` (the branch as this run created it) too (their
-    attempt id in the snapshot summary): another run of the batch may have
-    reset the branch or committed in between.  The append of new keys
-    (merge.append_new_keys) validates nothing at commit, so a run whose
-    append landed on another run's commits fails here."""
-    head = branches.branch_snapshot(spark, spec, branch)
-    snaps = {
-        r["snapshot_id"]: (r["parent_id"], r["a"])
-        for r in spark.sql(f"SELECT snapshot_id, parent_id, summary['{ATTEMPT_PROPERTY}'] AS a FROM {spec.identifier}.snapshots").collect()
-    }
-    own, at = head is not None and head != start, head
-    while own and at != start:
-        parent, a = snaps.get(at, (None, None))
-        own = a == attempt
-        at = parent
-        if at is None and start is not None:
-            own = False
-    if not own or head is None:
-        raise ConcurrentApply(
-            f"another run is applying batch {batch_id} to {spec.identifier} at the same time (the head {head} of branch {branch!r} "
-            "is not this run's write); retry: the retry applies what is left, exactly once"
-        )
-    return int(head)
 
 
 def read_snapshot(spark: SparkSession, spec: tables.TableSpec, snapshot_id: int) -> DataFrame:

@@ -1,6 +1,7 @@
 """cdc_apply — apply archived change files to Iceberg, hourly.
 
-discover (files of the interval not yet applied) -> apply (Spark: decode once,
+turn (wait while another run applies the source: a backfill beside the hourly
+runs, a manual trigger) -> discover (files of the interval not yet applied) -> apply (Spark: decode once,
 order, compact, MERGE onto an audit branch per table) -> per table, mapped:
 validate (Spark: Great Expectations + CDC reconciliation on the branch) ->
 publish (fast-forward main, emit the table's Asset) -> finish (ledger) ->
@@ -43,6 +44,13 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
 
+    @task.sensor(poke_interval=20, timeout=6 * 3600, mode="reschedule", retries=0)
+    def turn(params=None, dag_run=None):
+        """One run applies a source at a time (cdc_airflow/lease.py); waits without holding a worker slot."""
+        from cdc_airflow.tasks import take_turn
+
+        return take_turn(params["source"], dag_run.dag_id, dag_run.run_id)
+
     @task(multiple_outputs=True)  # a configuration error raises AirflowFailException: not retried
     def discover(params=None, data_interval_end=None, dag_run=None, ti=None):
         from airflow.sdk.exceptions import AirflowFailException
@@ -67,6 +75,7 @@ with DAG(
             raise
 
     found = discover()
+    turn() >> found
 
     apply = CdcSparkSubmitOperator(
         task_id="apply",
@@ -111,11 +120,15 @@ with DAG(
         return _finish(result_file)
 
     @task(trigger_rule="all_done")
-    def report(ti=None):
-        """Summarises every run, a failed one too (with the next step)."""
+    def report(params=None, dag_run=None, ti=None):
+        """Summarises every run, a failed one too (with the next step), and gives the source's turn back."""
+        from cdc_airflow.tasks import release_turn
         from cdc_airflow.tasks import report as _report
 
-        _report(ti.xcom_pull(task_ids="discover"))
+        try:
+            _report(ti.xcom_pull(task_ids="discover"))
+        finally:
+            release_turn(params["source"], dag_run.dag_id, dag_run.run_id)
 
     written = tables(found["result_file"])
     apply >> written

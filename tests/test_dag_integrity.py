@@ -34,7 +34,8 @@ def test_cdc_apply_shape(dagbag):
     assert dag.max_active_runs == 1
     assert set(dag.params.keys()) >= {"source", "table_filter", "max_files", "dry_run", "override", "override_reason"}
     down = {t.task_id: t.downstream_task_ids for t in dag.tasks}
-    # discover -> apply -> tables -> [per table: validate -> publish] -> finish -> report
+    # turn -> discover -> apply -> tables -> [per table: validate -> publish] -> finish -> report
+    assert down["turn"] == {"discover"} and dag.task_dict["turn"].mode == "reschedule"  # one run of a source at a time
     assert "apply" in down["discover"] and "tables" in down["apply"]
     assert down["tables"] == {"table.validate", "table.publish"}  # the mapped group expands over its output
     assert down["table.validate"] == {"table.publish"}
@@ -42,10 +43,11 @@ def test_cdc_apply_shape(dagbag):
     assert down["finish"] == {"report"}
     assert dag.task_dict["finish"].trigger_rule == "all_done"  # the ledger records failed attempts too
     assert [o.name for o in dag.task_dict["table.publish"].outlets] == ["cdc_tables"]  # the table assets' alias
-    for task in dag.tasks:
-        assert task.retries >= 1, task.task_id
+    for task in dag.tasks:  # the turn sensor waits by rescheduling (its timeout is the limit), not by retrying
+        assert task.retries >= 1 or task.task_id == "turn", task.task_id
+    assert dag.task_dict["report"].trigger_rule == "all_done"  # it gives the source's turn back, whatever happened
     # topological sort raises on cycles
-    assert next(t.task_id for t in dag.topological_sort()) == "discover"
+    assert next(t.task_id for t in dag.topological_sort()) == "turn"
 
 
 def test_cdc_maintenance_shape(dagbag):

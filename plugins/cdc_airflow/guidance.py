@@ -53,6 +53,21 @@ def trigger_conf(source: str, **extra: str) -> str:
     return json.dumps({"source": source, **extra})
 
 
+def transient(result: dict[str, Any]) -> bool:
+    """A failed batch whose failed tables all failed for a reason a retry
+    fixes (a lost commit race, a catalog briefly away): no person decides."""
+    failed = [t for t in result.get("tables") or [] if t.get("status") == "failed"]
+    return bool(failed) and not any(t.get("terminal", True) for t in failed)
+
+
+def retry_steps(source: str) -> str:
+    """The way on after a transient failure."""
+    return (
+        f"Next step: none needed: the next hourly run (or a trigger of {DAG_ID} with {trigger_conf(source)}) "
+        "applies the same files again from a fresh branch, exactly once"
+    )
+
+
 def next_steps(source: str, batch_id: str | None = None) -> str:
     """The three ways on after a failed gate, as form values and CLI commands."""
     reason = "<why: recorded in the ledger>"
@@ -114,13 +129,16 @@ def headline(result: dict[str, Any] | None) -> str:
     applied = [t for t in tables if t.get("status") in ("published", "skipped")]
     n = sum(changes(t.get("counts")) for t in applied)
     if status == "failed":
-        failed = [t.get("table") for t in tables if t.get("status") == "failed"]
-        head = f"FAILED: {', '.join(failed) or 'the batch'}"
+        failed = [t for t in tables if t.get("status") == "failed"]
+        head = f"FAILED: {', '.join(t.get('table') for t in failed) or 'the batch'}"
         if applied:
             head += f"; applied {n} change(s) to {len(applied)} other table(s)"
-        return head + (
-            f" - {(result.get('message') or '')[:300]}" if not failed else " (gate failed: fix and re-run, or force / skip with a reason)"
-        )
+        if not failed:
+            return head + f" - {(result.get('message') or '')[:300]}"
+        if transient(result):
+            why = next((t.get("message") for t in failed if t.get("message")), "") or ""
+            return head + f" (transient, nothing to decide: the next run applies these files again) - {why[:300]}"
+        return head + " (gate failed: fix and re-run, or force / skip with a reason)"
     written = [t for t in tables if t.get("status") in ("written", "validated")]
     if written and not applied:  # the write stage's result: nothing is published yet
         return f"wrote {sum(changes(t.get('counts')) for t in written)} change(s) to {len(written)} table(s) on their audit branches (published after the gate)"

@@ -19,6 +19,38 @@ from pathlib import Path
 from typing import Any
 
 
+def take_turn(source: str, dag_id: str, run_id: str) -> Any:
+    """The ``turn`` sensor's poke: done once this run holds the source's lease
+    (cdc_airflow/lease.py); until then it says which run it waits for."""
+    import logging
+
+    from airflow.sdk import PokeReturnValue
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from cdc_airflow.guidance import config_steps
+    from cdc_airflow.lease import Holder, airflow_run_alive, take
+    from cdc_apply.config import Settings, get_source
+    from cdc_apply.errors import TerminalError
+
+    settings = Settings.from_env()
+    try:
+        get_source(settings, source)  # a wrong source fails here, once, before it names a lease file
+    except TerminalError as exc:
+        raise AirflowFailException(config_steps(str(exc))) from None
+    holder = take(settings.home, source, Holder(dag_id, run_id), airflow_run_alive)
+    if holder is not None:
+        logging.getLogger("cdc_apply.turn").info("source %s is being applied by %s: waiting for it to finish", source, holder.describe())
+    return PokeReturnValue(is_done=holder is None)
+
+
+def release_turn(source: str, dag_id: str, run_id: str) -> None:
+    """Give the source's lease back (the run's last task, whatever happened)."""
+    from cdc_airflow.lease import Holder, release
+    from cdc_apply.config import Settings
+
+    release(Settings.from_env().home, source, Holder(dag_id, run_id))
+
+
 def discover(
     source: str,
     data_interval_end: dt.datetime | None,
@@ -153,7 +185,7 @@ def finish(result_file: str | None) -> dict[str, Any]:
     no batch was started, so there is nothing to record."""
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-    from cdc_airflow.guidance import headline, next_steps
+    from cdc_airflow.guidance import headline, next_steps, retry_steps, transient
     from cdc_apply.batch import finish_batch
     from cdc_apply.config import Settings
     from cdc_apply.results import load_result, save_result
@@ -178,6 +210,8 @@ def finish(result_file: str | None) -> dict[str, Any]:
                 "snapshot_id": _id(t.snapshot_id),
                 "data_docs": t.data_docs,
                 "override": t.override,
+                "terminal": t.terminal,
+                "message": t.message,
             }
             for t in result.tables
         ],
@@ -185,7 +219,8 @@ def finish(result_file: str | None) -> dict[str, Any]:
     if result.status == "failed":
         import logging
 
-        text = f"{headline(summary)}\nbatch {result.batch_id}: {result.message}\n{next_steps(result.source, result.batch_id)}"
+        steps = retry_steps(result.source) if transient(summary) else next_steps(result.source, result.batch_id)
+        text = f"{headline(summary)}\nbatch {result.batch_id}: {result.message}\n{steps}"
         logging.getLogger("cdc_apply.finish").error("%s", text)
         raise AirflowFailException(text)
     return summary
@@ -202,12 +237,14 @@ def report(found: dict[str, Any] | None) -> None:
 
     from airflow.sdk.exceptions import AirflowFailException
 
-    from cdc_airflow.guidance import headline, next_steps, summary
+    from cdc_airflow.guidance import headline, next_steps, retry_steps, summary, transient
 
     log = logging.getLogger("cdc_apply.report")
     if not found:
-        log.error("no batch: discover failed (a configuration error; its log says what to fix)")
-        raise AirflowFailException("the run failed in discover: no batch was started")
+        log.error(
+            "no batch: discover did not run or failed (a configuration error, or waiting for the source's turn timed out; the failed task's log says which)"
+        )
+        raise AirflowFailException("the run failed before discover chose a batch: no batch was started")
     log.info(
         "discovered %s file(s) (%s bytes) for source %s until %s", found["files"], found["bytes"], found["source"], found["until"] or "now"
     )
@@ -221,6 +258,6 @@ def report(found: dict[str, Any] | None) -> None:
     if any(t.get("status") == "failed" for t in folded.get("tables", [])) or folded.get("status") == "failed":
         folded["status"] = "failed"
         log.error("%s", summary(folded))
-        log.error("%s", next_steps(found["source"], folded.get("batch_id")))
+        log.error("%s", retry_steps(found["source"]) if transient(folded) else next_steps(found["source"], folded.get("batch_id")))
         raise AirflowFailException(f"{headline(folded)} (summary and next step above)")
     log.info("%s", summary(folded))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from cdc_airflow.guidance import docs_url, headline, next_steps
+from cdc_airflow.guidance import docs_url, headline, next_steps, retry_steps, transient
 from cdc_airflow.spark import LevelByLine
 
 TABLE = {"table": "lake.pg_inventory.customers", "counts": {"inserted": 4, "updated": 2, "deleted": 1, "superseded": 3}}
@@ -33,6 +33,23 @@ def test_headlines_tell_runs_apart():
         headline({"status": "skipped", "source": "s", "files": [{}, {}], "override": {"reason": "bad export"}})
         == "skipped 2 file(s) of s: bad export"
     )
+
+
+def test_a_lost_race_is_not_called_a_failed_gate():
+    """A table that failed for a reason a retry fixes (another run published
+    first) asks nothing of a person; a failed gate asks for a decision."""
+    raced = {
+        "status": "failed",
+        "tables": [{**TABLE, "status": "failed", "terminal": False, "message": "ConcurrentApply: another run is applying batch b1"}],
+    }
+    assert transient(raced)
+    head = headline(raced)
+    assert "gate failed" not in head and "transient, nothing to decide" in head and "another run is applying batch b1" in head
+    assert "force" not in retry_steps("pg_inventory") and '{"source": "pg_inventory"}' in retry_steps("pg_inventory")
+    gate = {"status": "failed", "tables": [{**TABLE, "status": "failed", "terminal": True, "message": "GateFailed: ..."}]}
+    assert not transient(gate) and headline(gate).endswith("(gate failed: fix and re-run, or force / skip with a reason)")
+    mixed = {"status": "failed", "tables": [raced["tables"][0], {**gate["tables"][0], "table": "lake.pg_inventory.orders"}]}
+    assert not transient(mixed)
 
 
 def test_next_steps_give_form_values_and_cli():

@@ -188,7 +188,9 @@ def _write(
     prepared = compact.prepare_events(rows, {k: spec.columns[k] for k in spec.key_columns})
     branches.reset_branch(spark, spec, branch)
     start_snapshot = branches.branch_snapshot(spark, spec, branch)
-    main_df = branches.read_branch(spark, spec, "main")
+    # main as this branch was cut from it: another run may publish meanwhile (its
+    # newer positions are no regression of this batch; the fast-forward refuses it)
+    main_df = read_snapshot(spark, spec, start_snapshot) if start_snapshot is not None else branches.read_branch(spark, spec, "main")
     attempt = uuid.uuid4().hex  # on every commit of this run's write: branches.own_head checks the branch holds only them
     if truncs["n"]:
         merge.apply_truncate(spark, spec, branch, truncs["p"])

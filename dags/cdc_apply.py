@@ -45,11 +45,11 @@ with DAG(
 ) as dag:
 
     @task.sensor(poke_interval=20, timeout=6 * 3600, mode="reschedule", retries=0)
-    def turn(params=None, dag_run=None):
+    def turn(params=None, dag_run=None, ti=None):
         """One run applies a source at a time (cdc_airflow/lease.py); waits without holding a worker slot."""
         from cdc_airflow.tasks import take_turn
 
-        return take_turn(params["source"], dag_run.dag_id, dag_run.run_id)
+        return take_turn(params["source"], dag_run.dag_id, dag_run.run_id, ti)
 
     @task(multiple_outputs=True)  # a configuration error raises AirflowFailException: not retried
     def discover(params=None, data_interval_end=None, dag_run=None, ti=None):

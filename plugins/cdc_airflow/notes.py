@@ -37,9 +37,11 @@ def _xcom(dag_run, task_id: str, key: str = "return_value") -> Any:
         return None if row is None else XComModel.deserialize_value(row)
 
 
-def run_note(found: dict[str, Any] | None, error: str | None) -> str:
+def run_note(found: dict[str, Any] | None, error: str | None, waiting_for: str | None = None) -> str:
     if error:
         return f"FAILED in discover: {error.splitlines()[0]}"[:1000]
+    if not found and waiting_for:
+        return f"FAILED waiting for the source's turn (task turn): it was still held by {waiting_for}"[:1000]
     if not found:
         return "FAILED before discover finished: see its log"
     path = Path(found.get("result_file") or "")
@@ -54,7 +56,7 @@ def _set_note(dag_run) -> None:
     if dag_run.dag_id != DAG_ID or dag_run.note:
         return
     try:
-        dag_run.note = run_note(_xcom(dag_run, "discover"), _xcom(dag_run, "discover", "error"))
+        dag_run.note = run_note(_xcom(dag_run, "discover"), _xcom(dag_run, "discover", "error"), _xcom(dag_run, "turn", "waiting_for"))
     except Exception:  # a note is a courtesy: never fail the scheduler's loop for it
         log.exception("could not write the note of %s", dag_run.run_id)
 

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 
-def take_turn(source: str, dag_id: str, run_id: str) -> Any:
+def take_turn(source: str, dag_id: str, run_id: str, ti: Any = None) -> Any:
     """The ``turn`` sensor's poke: done once this run holds the source's lease
-    (cdc_airflow/lease.py); until then it says which run it waits for."""
+    (cdc_airflow/lease.py); until then it says which run it waits for (in its
+    log, and in XCom ``waiting_for`` for the run note if the wait times out)."""
     import logging
 
     from airflow.sdk import PokeReturnValue
@@ -40,6 +41,8 @@ def take_turn(source: str, dag_id: str, run_id: str) -> Any:
     holder = take(settings.home, source, Holder(dag_id, run_id), airflow_run_alive)
     if holder is not None:
         logging.getLogger("cdc_apply.turn").info("source %s is being applied by %s: waiting for it to finish", source, holder.describe())
+        if ti is not None:
+            ti.xcom_push(key="waiting_for", value=holder.describe())
     return PokeReturnValue(is_done=holder is None)
 
 

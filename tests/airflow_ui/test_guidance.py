@@ -143,3 +143,12 @@ def test_the_form_offers_the_configured_sources(tmp_path, monkeypatch):
     assert p.value == "pg_inventory" and p.schema["enum"][0] == "pg_inventory"
     monkeypatch.setenv("CDC_SOURCES_FILE", str(tmp_path / "missing.yaml"))
     assert source_param("x").schema == {"type": "string"}  # free text when the file cannot be read
+
+
+def test_a_run_that_timed_out_waiting_for_its_turn_names_the_holder_in_its_note():
+    from cdc_airflow.notes import run_note
+
+    holder = "run 'backfill__2026-01-01T01:00:00+00:00' of DAG 'cdc_apply' (holding it since 2026-11-26T07:10:30+00:00)"
+    assert run_note(None, None, holder) == f"FAILED waiting for the source's turn (task turn): it was still held by {holder}"
+    assert run_note(None, None) == "FAILED before discover finished: see its log"
+    assert run_note(None, "configuration error: x\nmore", holder).startswith("FAILED in discover: configuration error: x")

@@ -29,8 +29,12 @@ def apply_events(
     changelog: bool = True,
     history: dict[str, str] | None = None,
     stages: tuple[str, ...] = ("validate", "publish"),
+    publish: str = "events",
+    decoder_state: dict | None = None,
 ) -> BatchResult:
-    """Apply one batch of outcomes; each distinct ``file`` is a batch file."""
+    """Apply one batch of outcomes; each distinct ``file`` is a batch file.
+    ``decoder_state``: the source state the batch starts from (default: the
+    ledger's latest, as a real batch)."""
     source = SourceConfig(
         name=namespace,
         format="debezium_postgres",
@@ -40,6 +44,7 @@ def apply_events(
         merge_mode=merge_mode,
         changelog=changelog,
         history=history or {},
+        publish=publish,
     )
     tag = batch_tag or f"b{next(_counter)}"
     for o in outcomes:  # events without a file belong to a file of this batch
@@ -60,7 +65,7 @@ def apply_events(
         override=override.__dict__ if override else None,
     )
     decoded = outcomes_frame(spark, outcomes)
-    result = apply_decoded(spark, settings, source, result, files, decoded)
+    result = apply_decoded(spark, settings, source, result, files, decoded, decoder_state)
     if "validate" in stages:
         validate_batch(settings, result, spark)
     if "publish" not in stages:

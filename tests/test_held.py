@@ -24,9 +24,15 @@ def test_line_ranges() -> None:
 def test_carry_replaces_the_record_of_files_read_and_keeps_the_others() -> None:
     state = {HELD_KEY: {"/a": {"sha256": "x", "lines": [[2, 2]]}, "/b": {"sha256": "y", "lines": [[1, 4]]}}}
     # /a re-read and fully released, /b not in this batch, /c newly held
-    out = carry(state, [f("/a"), f("/c", "c" * 64)], {"/c": [7, 8]})
-    assert out == {"/b": {"sha256": "y", "lines": [[1, 4]]}, "/c": {"sha256": "c" * 64, "lines": [[7, 8]]}}
+    out = carry(state, [f("/a"), f("/c", "c" * 64)], {"/c": [7, 8]}, now="2026-01-01T05:00:00+00:00")
+    assert out == {
+        "/b": {"sha256": "y", "lines": [[1, 4]]},
+        "/c": {"sha256": "c" * 64, "lines": [[7, 8]], "since": "2026-01-01T05:00:00+00:00"},
+    }
     assert carry({}, [f("/a")], {}) == {}
+    # held again by a later batch: since when it has been held stays the first batch's
+    again = carry({HELD_KEY: out}, [f("/c", "c" * 64)], {"/c": [8]}, now="2026-01-01T09:00:00+00:00")
+    assert again["/c"] == {"sha256": "c" * 64, "lines": [[8, 8]], "since": "2026-01-01T05:00:00+00:00"}
 
 
 def test_prior_in_batch_and_a_changed_held_file_is_refused() -> None:

@@ -56,7 +56,9 @@ def _set_note(dag_run) -> None:
     if dag_run.dag_id != DAG_ID or dag_run.note:
         return
     try:
-        dag_run.note = run_note(_xcom(dag_run, "discover"), _xcom(dag_run, "discover", "error"), _xcom(dag_run, "turn", "waiting_for"))
+        found, error = _xcom(dag_run, "discover"), _xcom(dag_run, "discover", "error")
+        waiting = None if found or error else _xcom(dag_run, "turn", "waiting_for")  # a run that never got its turn
+        dag_run.note = run_note(found, error, waiting)
     except Exception:  # a note is a courtesy: never fail the scheduler's loop for it
         log.exception("could not write the note of %s", dag_run.run_id)
 

@@ -152,16 +152,27 @@ def written_tables(result_file: str) -> list[str]:
 
 def publish_table(result_file: str, table: str, outlet_events=None) -> dict[str, Any]:
     """Fast-forward main of one validated table; emit its Asset."""
+    import logging
+
     from airflow.sdk.exceptions import AirflowFailException
 
     from cdc_airflow.assets import TABLES_ALIAS, table_asset
+    from cdc_apply.apply.transactions import GatePending
     from cdc_apply.batch import publish_batch
     from cdc_apply.config import Settings
     from cdc_apply.results import load_result, save_table_result
 
     settings = Settings.from_env()
     result = load_result(result_file)
-    publish_batch(settings, result, table=table)
+    try:
+        publish_batch(settings, result, table=table)
+    except GatePending as exc:  # a table it shares source transactions with is still at its gate: look again soon
+        import datetime as dt
+
+        from airflow.sdk.exceptions import AirflowRescheduleException
+
+        logging.getLogger("cdc_apply.publish").info("%s", exc)
+        raise AirflowRescheduleException(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=15)) from None
     tr = result.table(table)
     save_table_result(result_file, tr)
     if tr.status == "failed":

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_apply import ledger
-from cdc_apply.apply import branches, changelog, gate, held, history, tables
+from cdc_apply.apply import branches, changelog, gate, held, history, tables, transactions
 from cdc_apply.apply.table import (
     TableWork,
     apply_table,
@@ -175,9 +175,18 @@ def apply_decoded(
     state = dict(ledger.Ledger(settings).latest_decoder_state(source.name) if decoder_state is None else decoder_state)
     result.started_at = dt.datetime.now(dt.UTC).isoformat()
     result.stage = "write"
+    raw = decoded.persist()
     # lines of partly applied files that an earlier batch accounted for are not read again
-    decoded = held.only_held_lines(spark, decoded, held.prior_in_batch(state, files)).persist()
+    decoded = held.only_held_lines(spark, raw, held.prior_in_batch(state, files))
     try:
+        linked = False
+        if source.publish == "transactions":  # readers never see part of a source transaction
+            census = transactions.census(decoded)
+            linked = census.transactions > 0
+            hold = _transactions_to_hold(source, result, state, census.incomplete)
+            if hold is None:
+                return result
+            decoded = transactions.hold(spark, decoded, hold)
         status_counts = _count_messages(decoded, result)
         _refuse_config(source, status_counts, decoded)
         _carry_held(decoded, result, state, files)
@@ -188,12 +197,39 @@ def apply_decoded(
         events = decoded.where("status = 'event'")
         if table_filter:
             events = events.where(F.col("table_name").rlike(table_filter))
-        _apply_tables(spark, settings, source, result, files, events, state, dry_run)
+        # a table's column declaration rides on one event per decode batch, which may
+        # be a line held (an incomplete transaction) or applied before (_table_meta)
+        declared = raw.where("status = 'event' AND columns IS NOT NULL")
+        _apply_tables(spark, settings, source, result, files, events, state, dry_run, linked, declared)
         result.source_state = state
         result.fail_if_any()
     finally:
-        decoded.unpersist()
+        raw.unpersist()
     return result
+
+
+def _transactions_to_hold(
+    source: SourceConfig, result: BatchResult, state: dict[str, Any], incomplete: list[transactions.Incomplete]
+) -> list[transactions.Incomplete] | None:
+    """The incomplete transactions to hold; None when the batch fails because
+    some were held longer than the source's maximum (an operator's *force*
+    applies those as they are)."""
+    late = transactions.overdue(incomplete, state.get(held.HELD_KEY) or {}, source.max_hold_hours)
+    if not late:
+        return incomplete
+    override = result.get_override()
+    if override is not None and override.action == "force":
+        log.warning("batch %s: applying %d incomplete transaction(s) as they are -- %s", result.batch_id, len(late), override.describe())
+        return [i for i in incomplete if i.group not in late]
+    shown = "; ".join(list(late.values())[:5]) + (f"; and {len(late) - 5} more" if len(late) > 5 else "")
+    result.status = Status.FAILED
+    result.failed_checks.append(f"transaction_hold_age(max_hours={source.max_hold_hours}, transactions={len(late)})")
+    result.message = (
+        f"{len(late)} source transaction(s) of {source.name} held longer than {source.max_hold_hours} h (publish: transactions): "
+        f"{shown}. Ways on: archive the missing messages (or release them from quarantine) and re-run; apply them as they are "
+        f"with --override force --override-reason '...'; or set publish: events for the source"
+    )
+    return None
 
 
 def _count_messages(decoded: DataFrame, result: BatchResult) -> dict[tuple[str, str], int]:
@@ -257,19 +293,24 @@ def _apply_tables(
     events: DataFrame,
     state: dict[str, Any],
     dry_run: bool,
+    linked: bool = False,
+    declared: DataFrame | None = None,
 ) -> None:
     """One ``apply_table`` per source table of the batch, after refusing the
-    tables without a valid target and those colliding on one."""
-    table_meta = _table_meta(events)
+    tables without a valid target and those colliding on one.  ``linked``:
+    the batch has source transactions, whose tables publish together
+    (``result.publish_groups``)."""
+    table_meta = _table_meta(events, declared)
     aliases, ambiguous = _fuller_names(table_meta)
     if aliases:  # one table under two names (rare): read as its fuller name, grouped again
         events = _rename_tables(events, aliases)
-        table_meta = _table_meta(events)
+        table_meta = _table_meta(events, None if declared is None else _rename_tables(declared, aliases))
     targets, refused, collisions = _targets(source, table_meta)
     collisions.update(ambiguous)
     if refused:
         _refuse_tables(spark, settings, source, result, events, refused, dry_run)
     work = TableWork(spark, settings, source, result.id, files, state, frozenset(result.held_files), dry_run)
+    written: dict[str, str] = {}  # source identity -> its table's result name
     for meta in sorted(table_meta, key=lambda r: (r["table_name"], r["schema_name"] or "")):
         ident = source_identity(meta)
         if ident in refused:
@@ -282,25 +323,38 @@ def _apply_tables(
         tr = apply_table(work, events, meta, targets[ident])
         _count_keyless(result, tr)
         result.tables.append(tr)
+        written[ident] = tr.table
+    if linked:
+        groups = [[written[i] for i in (tables.source_identity(*t) for t in g) if i in written] for g in transactions.linked_tables(events)]
+        result.publish_groups = [g for g in groups if len(g) > 1]
 
 
-def _table_meta(events: DataFrame) -> list:
-    """Per source table of the batch: declarations, keys and counts (one Spark job)."""
-    return (
-        events.groupBy("database", "schema_name", "table_name")
+def _table_meta(events: DataFrame, declared: DataFrame | None = None) -> list:
+    """Per source table of the batch: declarations, keys and counts (one Spark
+    job).  A table's column declaration rides on its first event of each
+    decode batch only (``decode.stage.outcome_row``): ``declared`` (decoded
+    events with a declaration, before held lines and lines applied earlier
+    were set apart) still types the table's other events."""
+    ev = F.col("_ev")
+    rows = events.withColumn("_ev", F.lit(True))
+    if declared is not None:
+        rows = rows.unionByName(declared.withColumn("_ev", F.lit(False)))
+    meta = (
+        rows.groupBy("database", "schema_name", "table_name")
         .agg(
             F.collect_set("columns").alias("decl"),
-            F.collect_set("key_columns").alias("keys"),
-            F.count(F.lit(1)).alias("n"),
-            F.bool_and(F.col("op") == "t").alias("only_truncates"),
-            F.max(F.when(F.col("op") == "t", F.col("position"))).alias("max_truncate"),
-            F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
-            F.max("commit_ts").alias("max_commit_ts"),
-            F.count(F.when((F.col("op") == "d") & F.col("change_id").isNotNull(), 1)).alias("keyed_deletes"),
-            F.count(F.when(F.array_contains("notes", UNTYPED_NOTE), 1)).alias("untyped"),
+            F.collect_set(F.when(ev, F.col("key_columns"))).alias("keys"),
+            F.count(F.when(ev, 1)).alias("n"),
+            F.bool_and(F.when(ev, F.col("op") == "t")).alias("only_truncates"),
+            F.max(F.when(ev & (F.col("op") == "t"), F.col("position"))).alias("max_truncate"),
+            F.count(F.when(ev & (F.col("op") == "t"), 1)).alias("truncates"),
+            F.max(F.when(ev, F.col("commit_ts"))).alias("max_commit_ts"),
+            F.count(F.when(ev & (F.col("op") == "d") & F.col("change_id").isNotNull(), 1)).alias("keyed_deletes"),
+            F.count(F.when(ev & F.array_contains("notes", UNTYPED_NOTE), 1)).alias("untyped"),
         )
         .collect()
     )
+    return [m for m in meta if m["n"]]
 
 
 def _fuller_names(table_meta: list) -> tuple[dict[str, str], dict[str, str]]:
@@ -561,6 +615,9 @@ def publish_batch(settings: Settings, result: BatchResult, table: str | None = N
     led = ledger.Ledger(settings)
     for tr in result.tables:
         if tr.status != Status.VALIDATED or (table is not None and tr.table != table):
+            continue
+        transactions.check_group(result, tr)  # tables that shared source transactions publish together
+        if tr.status != Status.VALIDATED:
             continue
         if Status.SKIPPED in led.recorded_statuses(result.batch_id):  # an operator skipped it meanwhile
             led.drop_branches(tr.table.split(".")[1], tr.audit_branch)

@@ -245,6 +245,18 @@ class Settings:
 
 MERGE_MODES = ("copy-on-write", "merge-on-read")
 ORDERINGS = ("log", "arrival")
+PUBLISH_MODES = ("transactions", "events")
+TRANSACTION_FORMATS = {
+    "debezium_postgres": "Debezium transaction metadata (transaction.total_order, END event_count)",
+    "debezium_sqlserver": "Debezium transaction metadata (transaction.total_order, END event_count)",
+    "qlik": "transactionId, transactionEventCounter and transactionLastEvent",
+}
+"""Formats whose messages say when a source transaction is complete
+(``apply/transactions.py``): ``publish: transactions`` is their default."""
+NO_TRANSACTIONS = {
+    "sqlserver_ces": "CES events carry their transaction's commit LSN but nothing says how many events it has or which is its last",
+    "cockroachdb": "changefeeds give no transaction boundaries (resolved timestamps are not applied as a watermark yet)",
+}
 
 
 @dataclass(frozen=True)
@@ -269,6 +281,15 @@ class SourceConfig:
     history: dict[str, str] = field(default_factory=dict)
     """Source table -> ``scd2`` for tables that keep an SCD type 2 history
     ``<namespace>.<table>_history`` (``apply/history.py``), derived from the change log."""
+    publish: str = "events"
+    """``transactions``: readers never see part of a source transaction (events of
+    one not complete among the lines read are held, and tables that shared one
+    publish together; ``apply/transactions.py``); ``events``: every decoded
+    event applies at once.  Default: ``transactions`` where the format allows it."""
+    max_hold_hours: float = 6.0
+    """``publish: transactions``: the batch fails, naming them, once a
+    transaction has been held this long (its END marker or last event never
+    came: not archived, or quarantined)."""
     envelope: str | None = None
     """CockroachDB only: ``row`` reads a key without a value as an
     ``envelope=row`` delete (it is otherwise refused as ``key_only``)."""
@@ -353,6 +374,22 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
         changelog = spec.get("changelog", True)
         if not isinstance(changelog, bool):
             raise ConfigError(f"{path}: changelog of source {name!r} is {changelog!r}; use true or false (or leave it out: true)")
+        publish = spec.get("publish", "transactions" if fmt in TRANSACTION_FORMATS else "events")
+        if publish not in PUBLISH_MODES:
+            raise ConfigError(f"{path}: publish of source {name!r} is {publish!r}; use one of {list(PUBLISH_MODES)} (or leave it out)")
+        if publish == "transactions" and fmt not in TRANSACTION_FORMATS:
+            raise ConfigError(
+                f"{path}: source {name!r} asks for publish: transactions, which format {fmt} cannot give: {NO_TRANSACTIONS[fmt]}; "
+                "use publish: events (or leave it out)"
+            )
+        try:
+            max_hold = float(spec.get("transaction_max_hold_hours", 6.0))
+        except (TypeError, ValueError):
+            max_hold = -1.0
+        if not max_hold > 0:
+            raise ConfigError(
+                f"{path}: transaction_max_hold_hours of source {name!r} is {spec.get('transaction_max_hold_hours')!r}; use a number of hours > 0"
+            )
         share = float(spec.get("quarantine_max_share", 0.05))
         if not 0.0 <= share <= 1.0:
             raise ConfigError(f"{path}: quarantine_max_share of source {name!r} must be between 0 and 1")
@@ -369,6 +406,8 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             changelog=changelog,
             columns=columns,
             history=history,
+            publish=publish,
+            max_hold_hours=max_hold,
         )
     return sources
 

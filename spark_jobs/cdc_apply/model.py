@@ -94,6 +94,14 @@ class ChangeEvent:
     that the format emits for one source change, possibly in different
     files), distinct otherwise; None where the format has no such pairing.
     The insert half inherits the old key's columns it does not carry."""
+    tx_group: str | None = None
+    """The source transaction as the format reports its completeness (Debezium
+    ``transaction.id``, Qlik ``transactionId``); None without transaction
+    metadata.  With ``tx_order`` (the event's place in it) and ``tx_total``
+    (how many events it has, given by the message that says so) it lets
+    ``apply/transactions.py`` hold a transaction until all of it is read."""
+    tx_order: int | None = None
+    tx_total: int | None = None
 
 
 @dataclass
@@ -103,6 +111,9 @@ class Skipped:
     line: int = 0
     detail: str | None = None
     position: str | None = None  # e.g. a resolved watermark
+    tx_group: str | None = None  # a transaction marker's, or a data message's that is no row change (ChangeEvent.tx_group)
+    tx_order: int | None = None
+    tx_total: int | None = None  # a Debezium END marker's event_count
 
 
 @dataclass

@@ -100,6 +100,8 @@ class BatchResult:
     started_at: str | None = None
     failed_checks: list[str] = field(default_factory=list)  # batch-wide checks (quarantine share)
     override: dict | None = None  # Override as a dict
+    publish_groups: list[list[str]] = field(default_factory=list)
+    """Tables that shared source transactions in the batch (``publish: transactions``): each group publishes whole."""
 
     @property
     def terminal(self) -> bool:

@@ -4,7 +4,6 @@ quarantines."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -24,21 +23,13 @@ from cdc_apply.decode.cockroachdb import (
     parse_hlc,
 )
 from cdc_apply.model import CONFIG_REFUSED_PREFIX, ChangeEvent, Column, DecodeError, Format, Op, Quarantined, RawMessage, Skipped
+from tests.decode import outcome_dict
 
 CASES = Path(__file__).parent / "cases" / "cockroachdb"
 REGEN = os.environ.get("COCKROACHDB_GOLDEN_REGEN") == "1"
 
 # --------------------------------------------------------------------------
 # Golden cases
-
-
-def outcome_dict(outcome: Any) -> dict[str, Any]:
-    d = {"kind": type(outcome).__name__, **dataclasses.asdict(outcome)}
-    for k in ("file", "line", "raw"):
-        d.pop(k, None)
-    if isinstance(outcome, ChangeEvent):
-        d["op"] = outcome.op.value
-    return d
 
 
 def golden_inputs() -> list[Path]:

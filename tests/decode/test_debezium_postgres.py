@@ -5,7 +5,6 @@ SQL Server tests."""
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import os
 import random
@@ -23,6 +22,7 @@ from cdc_apply.decode.base import DecodeContext, Decoder, decode_all
 from cdc_apply.decode.debezium_common import PLACEHOLDER, PLACEHOLDER_B64
 from cdc_apply.decode.debezium_postgres import DebeziumPostgresDecoder, parse_sequence
 from cdc_apply.model import ChangeEvent, DecodeError, Op, Quarantined, RawMessage, Skipped
+from tests.decode import outcome_dict
 
 CASES = Path(__file__).parent / "cases"
 REGEN = os.environ.get("DEBEZIUM_GOLDEN_REGEN") == "1"
@@ -30,17 +30,6 @@ REGEN = os.environ.get("DEBEZIUM_GOLDEN_REGEN") == "1"
 
 # --------------------------------------------------------------------------
 # Golden helpers (shared)
-
-
-def outcome_dict(outcome: Any) -> dict[str, Any]:
-    """An outcome as plain JSON data, without file/line/raw (checked apart)."""
-    d = dataclasses.asdict(outcome)
-    d = {"kind": type(outcome).__name__, **d}
-    for k in ("file", "line", "raw"):
-        d.pop(k, None)
-    if isinstance(outcome, ChangeEvent):
-        d["op"] = outcome.op.value
-    return d
 
 
 def golden_inputs(folder: str) -> list[Path]:
@@ -202,6 +191,21 @@ def test_golden_create_is_fully_typed() -> None:
     [ev] = check_golden(DebeziumPostgresDecoder, CASES / "debezium_postgres" / "03_create.repaired.json")
     assert [c.type for c in ev.columns] == ["int", "string", "string", "string"]
     assert ev.position == "00000000000024023128|0|00000000000024023119" and ev.tx_id == "555"  # snapshot: true
+
+
+def test_a_transactions_changes_and_its_end_marker_share_the_txid_not_the_whole_id() -> None:
+    """Real Debezium 3 with pgoutput writes ``transaction.id`` ``<txId>:<LSN>``
+    with one LSN on the changes and another on the END marker (seen in the
+    real-source capture): the group is the txId, or no PostgreSQL transaction
+    would ever be complete."""
+    create = json.loads((CASES / "debezium_postgres" / "03_create.repaired.json").read_text())
+    payload = create.get("payload", create)
+    payload["transaction"] = {"id": "757:26472928", "total_order": 1, "data_collection_order": 1}
+    end = {"status": "END", "id": "757:26473112", "event_count": 1, "data_collections": [], "ts_ms": 1}
+    dec = DebeziumPostgresDecoder(DecodeContext())
+    [ev] = dec.decode_message(RawMessage("f", 1, json.dumps(create)))
+    [marker] = dec.decode_message(RawMessage("f", 2, json.dumps({"payload": end})))
+    assert (ev.tx_group, ev.tx_order, marker.tx_group, marker.tx_total) == ("757", 1, "757", 1)
 
 
 # --------------------------------------------------------------------------

@@ -5,7 +5,6 @@ Regenerate the expected outputs with ``QLIK_GOLDEN_REGEN=1`` (then review the di
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -18,6 +17,7 @@ from cdc_apply.decode import decoder_class
 from cdc_apply.decode.base import DecodeContext, decode_all
 from cdc_apply.decode.qlik import REFRESH_SEQUENCE, QlikDecoder, mask_bits, qlik_type
 from cdc_apply.model import ChangeEvent, DecodeError, Format, Held, Op, Quarantined, RawMessage, Skipped
+from tests.decode import outcome_dict as decoded_dict
 
 CASES = Path(__file__).parent / "cases" / "qlik"
 REGEN = os.environ.get("QLIK_GOLDEN_REGEN") == "1"
@@ -28,12 +28,7 @@ REGEN = os.environ.get("QLIK_GOLDEN_REGEN") == "1"
 
 
 def outcome_dict(outcome: Any) -> dict[str, Any]:
-    d = {"kind": type(outcome).__name__, **dataclasses.asdict(outcome)}
-    for k in ("file", "raw"):
-        d.pop(k, None)
-    if isinstance(outcome, ChangeEvent):
-        d["op"] = outcome.op.value
-    return d
+    return decoded_dict(outcome, ("file", "raw"))
 
 
 def messages_of(path: Path) -> list[RawMessage]:

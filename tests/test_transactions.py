@@ -1,0 +1,230 @@
+"""Transaction-consistent publish (``publish: transactions``, apply/transactions.py)
+on real Spark + Iceberg: a source transaction is applied whole or not yet,
+whatever the files and batches it is split over; one held too long fails the
+batch, naming it; tables that shared one publish together.
+
+The property test's oracle is the pure-Python reference model applied to the
+events of the transactions that are complete among the lines delivered so far
+(and every event without transaction metadata): after *every* batch the tables
+must equal it, so no reader ever sees half a transaction, and nothing is lost
+once the rest arrives."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from cdc_apply.apply import transactions
+from cdc_apply.apply.held import HELD_KEY
+from cdc_apply.model import Skipped
+from cdc_apply.results import BatchResult, Override, TableResult
+from tests.apply_harness import apply_events, event, live_rows
+from tests.reference_model import apply_model
+
+pytestmark = pytest.mark.spark
+COLS = {"id": "int", "name": "string", "amount": "decimal(10,2)"}
+_ns = itertools.count()
+
+
+def tx(e, group: str, order: int):
+    e.tx_group, e.tx_order = group, order
+    return e
+
+
+def end(group: str, total: int, file: str, line: int) -> Skipped:
+    """A Debezium END marker as the decoder gives it."""
+    return Skipped("transaction-marker", file, line, detail=f"END {group}", tx_group=group, tx_total=total)
+
+
+def state_of(spark, settings, ns, table):
+    return {k[0]: (v["name"], v["amount"]) for k, v in live_rows(spark, settings, ns, table, ["id"], COLS).items()}
+
+
+def test_a_transaction_split_over_two_batches_applies_whole_in_the_second(spark, settings):
+    ns = f"tx_{next(_ns)}"
+    a, b = f"/virtual/{ns}/a.jsonl", f"/virtual/{ns}/b.jsonl"
+    # T1 spans orders and items and both files; T2 (items only) is whole in file a
+    t1 = [
+        tx(event("c", 1, {"name": "o1", "amount": "1.00"}, pos=10, file=a, line=1, table="orders"), "T1", 1),
+        tx(event("c", 10, {"name": "i10", "amount": "2.00"}, pos=11, file=a, line=2, table="items"), "T1", 2),
+        tx(event("u", 1, {"name": "o1b", "amount": "3.00"}, pos=12, file=b, line=1, table="orders"), "T1", 3),
+    ]
+    t2 = [tx(event("c", 11, {"name": "i11", "amount": "4.00"}, pos=5, file=a, line=3, table="items"), "T2", 1)]
+    file_a = [t1[0], t1[1], t2[0], end("T2", 1, a, 4)]
+    file_b = [t1[2], end("T1", 3, b, 2)]
+
+    r1 = apply_events(spark, settings, ns, file_a, publish="transactions")
+    assert r1.status == "complete", r1.message
+    assert state_of(spark, settings, ns, "items") == {"11": ("i11", "4.00")}  # T2 only: no half of T1
+    assert state_of(spark, settings, ns, "orders") == {}
+    assert r1.messages["held"] == 2 and r1.messages["held:transaction-incomplete"] == 2 and r1.held_files == [a]
+    assert r1.source_state[HELD_KEY][a]["lines"] == [[1, 2]] and "since" in r1.source_state[HELD_KEY][a]
+    assert r1.publish_groups == []  # T2 touched one table
+
+    # discovery offers file a again (it has held lines) with file b
+    r2 = apply_events(spark, settings, ns, file_a + file_b, publish="transactions")
+    assert r2.status == "complete", r2.message
+    assert state_of(spark, settings, ns, "orders") == {"1": ("o1b", "3.00")}
+    assert state_of(spark, settings, ns, "items") == {"10": ("i10", "2.00"), "11": ("i11", "4.00")}
+    assert r2.messages["read"] == 4 and r2.messages.get("held", 0) == 0  # a's two held lines and b's two; nothing twice
+    assert r2.publish_groups == [sorted(t.table for t in r2.tables)]
+    assert HELD_KEY not in r2.source_state
+
+
+def test_the_same_batch_with_publish_events_applies_the_half(spark, settings):
+    ns = f"tx_{next(_ns)}"
+    a = f"/virtual/{ns}/a.jsonl"
+    half = [tx(event("c", 1, {"name": "o1", "amount": "1.00"}, pos=10, file=a, line=1, table="orders"), "T1", 1)]
+    r = apply_events(spark, settings, ns, half, publish="events")
+    assert r.status == "complete" and state_of(spark, settings, ns, "orders") == {"1": ("o1", "1.00")}
+
+
+def test_a_transaction_held_too_long_fails_the_batch_and_force_applies_it(spark, settings):
+    ns = f"tx_{next(_ns)}"
+    a = f"/virtual/{ns}/a.jsonl"
+    half = [tx(event("c", 1, {"name": "o1", "amount": "1.00"}, pos=10, file=a, line=1, table="orders"), "T9", 1), end("T9", 2, a, 2)]
+    first = apply_events(spark, settings, ns, half, publish="transactions")
+    assert first.status == "complete" and first.messages["held"] == 2 and state_of(spark, settings, ns, "orders") == {}
+    old = dict(first.source_state)
+    old[HELD_KEY] = {a: {**old[HELD_KEY][a], "since": (dt.datetime.now(dt.UTC) - dt.timedelta(hours=7)).isoformat()}}
+    late = apply_events(spark, settings, ns, half, publish="transactions", decoder_state=old)
+    assert late.status == "failed" and late.failed_checks == ["transaction_hold_age(max_hours=6.0, transactions=1)"]
+    assert "transaction T9: 1 of 2 event(s) read (1 event(s) not read), held since" in late.message
+    assert "--override force" in late.message and "publish: events" in late.message
+    assert state_of(spark, settings, ns, "orders") == {}
+    forced = apply_events(
+        spark,
+        settings,
+        ns,
+        half,
+        publish="transactions",
+        decoder_state=old,
+        override=Override("force", "the rest was lost upstream", "ops"),
+    )
+    assert forced.status == "complete", forced.message
+    assert state_of(spark, settings, ns, "orders") == {"1": ("o1", "1.00")}
+
+
+def _result(statuses: dict[str, tuple[str, bool]], groups: list[list[str]]) -> BatchResult:
+    r = BatchResult(batch_id="s_b1", source="s", status="complete", publish_groups=groups)
+    r.tables = [TableResult(table=t, status=s, terminal=term) for t, (s, term) in statuses.items()]
+    return r
+
+
+def test_tables_that_shared_a_transaction_publish_together():
+    # a group-mate still at its gate: wait
+    r = _result({"l.s.a": ("validated", True), "l.s.b": ("written", True), "l.s.c": ("failed", True)}, [["l.s.a", "l.s.b"]])
+    with pytest.raises(transactions.GatePending, match=r"l\.s\.a publishes with l\.s\.b"):
+        transactions.check_group(r, r.table("l.s.a"))
+    # a failed group-mate: held back, as terminal as the mate's failure
+    for terminal in (True, False):
+        r = _result({"l.s.a": ("validated", True), "l.s.b": ("failed", terminal)}, [["l.s.a", "l.s.b"]])
+        transactions.check_group(r, r.table("l.s.a"))
+        a = r.table("l.s.a")
+        assert a.status == "failed" and a.terminal is terminal and "held back" in a.message and "l.s.b" in a.message
+    # alone (no group, or only an unrelated failure): unchanged
+    r = _result({"l.s.a": ("validated", True), "l.s.c": ("failed", True)}, [])
+    transactions.check_group(r, r.table("l.s.a"))
+    assert r.table("l.s.a").status == "validated"
+
+
+def test_overdue_counts_from_the_oldest_held_file():
+    now = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
+    inc = [transactions.Incomplete("T", 1, None, ("/a", "/b"))]
+    held = {"/a": {"since": "2026-01-01T07:00:00+00:00"}, "/b": {"since": "2026-01-01T11:00:00+00:00"}}
+    assert list(transactions.overdue(inc, held, 4.0, now)) == ["T"]
+    assert transactions.overdue(inc, held, 6.0, now) == {}
+    assert transactions.overdue(inc, {}, 0.1, now) == {}  # first held by this batch: no age yet
+    assert "its END marker / last event not read" in inc[0].reason()
+
+
+@st.composite
+def workloads(draw):
+    """Transactions over two tables (some without metadata: ``None``), each
+    event in a random file, files in a random order split into batches."""
+    n_tx = draw(st.integers(1, 5))
+    events, pos = [], itertools.count(1)
+    n_files = draw(st.integers(1, 4))
+    for t in range(n_tx):
+        size = draw(st.integers(1, 3))
+        group = None if draw(st.integers(0, 4)) == 0 else f"T{t}"
+        for o in range(1, size + 1):
+            op = draw(st.sampled_from(["c", "u", "d"]))
+            key = draw(st.integers(1, 4))
+            table = draw(st.sampled_from(["orders", "items"]))
+            e = event(op, key, {"name": f"t{t}e{o}", "amount": f"{o}.00"}, pos=next(pos), table=table)
+            e.file = f"f{draw(st.integers(0, n_files - 1))}"
+            events.append(tx(e, group, o) if group else e)
+        if group and draw(st.integers(0, 4)) > 0:  # the END marker (sometimes never archived), in some file
+            events.append(end(group, size, f"f{draw(st.integers(0, n_files - 1))}", 0))
+    order = draw(st.permutations([f"f{i}" for i in range(n_files)]))
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, n_files - 1)), max_size=n_files - 1)))
+    batches = [order[i:j] for i, j in zip([0, *cuts], [*cuts, n_files], strict=True) if order[i:j]]
+    return events, batches
+
+
+@hsettings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(workloads())
+def test_readers_never_see_half_a_transaction(spark, settings, workload):
+    events, batches = workload
+    ns = f"txp_{next(_ns)}"
+    by_file: dict[str, list] = {}
+    for e in events:
+        by_file.setdefault(e.file, []).append(e)
+    for f, outs in by_file.items():  # real line numbers per file
+        for i, o in enumerate(outs, 1):
+            o.file, o.line = f"/virtual/{ns}/{f}.jsonl", i
+    delivered: list = []
+    pending: set[str] = set()
+    for batch in batches:
+        paths = [f"/virtual/{ns}/{f}.jsonl" for f in batch if f in by_file]
+        for f in batch:
+            delivered += by_file.get(f, [])
+        offered = sorted(set(paths) | pending)  # discovery offers held files again
+        if not offered:
+            continue
+        r = apply_events(spark, settings, ns, [o for o in delivered if o.file in offered], publish="transactions")
+        assert r.status == "complete", r.message
+        pending = set(r.held_files)
+        seen = {}
+        for o in delivered:
+            if o.tx_group is not None and getattr(o, "tx_order", None) is not None and hasattr(o, "op"):
+                seen.setdefault(o.tx_group, set()).add(o.tx_order)
+        totals = {o.tx_group: o.tx_total for o in delivered if isinstance(o, Skipped) and o.tx_total is not None}
+        complete = {g for g, orders in seen.items() if g in totals and len(orders) == totals[g]}
+        applied = [o for o in delivered if hasattr(o, "op") and (o.tx_group is None or o.tx_group in complete)]
+        for table in ("orders", "items"):
+            model = apply_model([e for e in applied if e.table == table], ["id"], list(COLS))
+            want = {k[0]: (v["name"], v["amount"]) for k, v in model.items()}
+            assert state_of(spark, settings, ns, table) == want, (table, sorted(complete))
+
+
+def test_publish_is_configured_per_source_with_transactions_where_the_format_allows_it(settings, tmp_path):
+    import dataclasses
+
+    from cdc_apply.config import load_sources
+    from cdc_apply.errors import ConfigError
+
+    f = tmp_path / "sources.yaml"
+    s = dataclasses.replace(settings, sources_file=f)
+
+    def source(**spec):
+        f.write_text(yaml.safe_dump({"sources": {"s": spec}}))
+        return load_sources(s)["s"]
+
+    assert (source(format="debezium_postgres").publish, source(format="qlik").publish) == ("transactions", "transactions")
+    assert (source(format="sqlserver_ces").publish, source(format="cockroachdb").publish) == ("events", "events")
+    assert source(format="debezium_sqlserver", publish="events").publish == "events"
+    assert source(format="qlik", transaction_max_hold_hours=0.5).max_hold_hours == 0.5
+    with pytest.raises(ConfigError, match=r"asks for publish: transactions, which format sqlserver_ces cannot give: .*commit LSN"):
+        source(format="sqlserver_ces", publish="transactions")
+    with pytest.raises(ConfigError, match=r"publish of source 's' is 'atomic'; use one of \['transactions', 'events'\]"):
+        source(format="qlik", publish="atomic")
+    with pytest.raises(ConfigError, match=r"transaction_max_hold_hours of source 's' is 'soon'"):
+        source(format="qlik", transaction_max_hold_hours="soon")

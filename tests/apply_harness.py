@@ -31,13 +31,14 @@ def apply_events(
     stages: tuple[str, ...] = ("validate", "publish"),
     publish: str = "events",
     decoder_state: dict | None = None,
+    fmt: str = "debezium_postgres",
 ) -> BatchResult:
     """Apply one batch of outcomes; each distinct ``file`` is a batch file.
     ``decoder_state``: the source state the batch starts from (default: the
     ledger's latest, as a real batch)."""
     source = SourceConfig(
         name=namespace,
-        format="debezium_postgres",
+        format=fmt,
         namespace=namespace,
         primary_keys=primary_keys or {},
         quarantine_max_share=quarantine_max_share,

@@ -111,6 +111,87 @@ def test_a_transaction_held_too_long_fails_the_batch_and_force_applies_it(spark,
     assert state_of(spark, settings, ns, "orders") == {"1": ("o1", "1.00")}
 
 
+def test_a_failed_gate_holds_back_the_tables_that_shared_a_transaction_with_it(spark, settings, tmp_path):
+    import dataclasses
+    import json
+
+    ns = f"tx_{next(_ns)}"
+    settings = dataclasses.replace(settings, expectations_dir=tmp_path)
+    (tmp_path / f"{ns}.orders.json").write_text(
+        json.dumps({"expectations": [{"type": "expect_column_values_to_be_between", "kwargs": {"column": "amount", "min_value": 0}}]})
+    )
+    a = f"/virtual/{ns}/a.jsonl"
+    batch = [
+        tx(event("c", 1, {"name": "o1", "amount": "-1.00"}, pos=10, file=a, line=1, table="orders"), "T1", 1),  # fails the suite
+        tx(event("c", 10, {"name": "i10", "amount": "2.00"}, pos=11, file=a, line=2, table="items"), "T1", 2),
+        end("T1", 2, a, 3),
+        event("c", 20, {"name": "lone", "amount": "5.00"}, pos=12, file=a, line=4, table="lone"),  # no transaction metadata
+    ]
+    r = apply_events(spark, settings, ns, batch, publish="transactions")
+    by = {t.table.rsplit(".", 1)[1]: t for t in r.tables}
+    assert r.status == "failed" and r.publish_groups == [sorted([by["items"].table, by["orders"].table])]
+    assert by["orders"].status == "failed" and by["orders"].failed_expectations
+    assert by["items"].status == "failed" and by["items"].terminal and "held back" in by["items"].message
+    assert by["lone"].status == "published"  # a table that shared no transaction publishes on its own
+    assert state_of(spark, settings, ns, "items") == {} and state_of(spark, settings, ns, "orders") == {}
+    assert state_of(spark, settings, ns, "lone") == {"20": ("lone", "5.00")}
+
+
+def resolved(stream: str, pos: int, file: str, line: int) -> Skipped:
+    """A CockroachDB resolved message as the decoder gives it (tx_group: its stream)."""
+    return Skipped("resolved-watermark", file, line, detail="resolved", position=f"{pos:020d}", tx_group=stream)
+
+
+def test_cockroachdb_applies_up_to_the_lowest_resolved_timestamp_of_its_partitions(spark, settings):
+    ns = f"tx_{next(_ns)}"
+    a, b = f"/virtual/{ns}/a.jsonl", f"/virtual/{ns}/b.jsonl"
+    file_a = [
+        event("c", 1, {"name": "k1", "amount": "1.00"}, pos=10, file=a, line=1),
+        event("c", 2, {"name": "k2", "amount": "2.00"}, pos=20, file=a, line=2),
+        event("c", 3, {"name": "k3", "amount": "3.00"}, pos=30, file=a, line=3),
+        resolved("movr.items/0", 25, a, 4),
+        resolved("movr.items/1", 15, a, 5),  # the slower partition: the feed is resolved to 15
+    ]
+    r1 = apply_events(spark, settings, ns, file_a, publish="transactions", fmt="cockroachdb")
+    assert r1.status == "complete", r1.message
+    assert state_of(spark, settings, ns, "items") == {"1": ("k1", "1.00")}
+    assert r1.messages["held:after-the-resolved-timestamp"] == 2
+    assert r1.source_state["_cdc_resolved"] == {"movr.items/0": f"{25:020d}", "movr.items/1": f"{15:020d}"}
+    file_b = [
+        event("u", 1, {"name": "k1b", "amount": "1.50"}, pos=38, file=b, line=1),
+        resolved("movr.items/1", 40, b, 2),
+        resolved("movr.items/0", 35, b, 3),
+    ]
+    r2 = apply_events(spark, settings, ns, file_a + file_b, publish="transactions", fmt="cockroachdb")
+    assert r2.status == "complete", r2.message
+    assert state_of(spark, settings, ns, "items") == {"1": ("k1", "1.00"), "2": ("k2", "2.00"), "3": ("k3", "3.00")}  # 38 > 35: held
+    assert r2.held_files == [b] and r2.messages["read"] == 5  # a's two held lines, b's three
+
+
+def test_cockroachdb_without_resolved_timestamps_fails_after_the_hold_age_and_force_applies(spark, settings):
+    ns = f"tx_{next(_ns)}"
+    a = f"/virtual/{ns}/a.jsonl"
+    lines = [event("c", 1, {"name": "k1", "amount": "1.00"}, pos=10, file=a, line=1)]
+    first = apply_events(spark, settings, ns, lines, publish="transactions", fmt="cockroachdb")
+    assert first.status == "complete" and first.messages["held"] == 1 and state_of(spark, settings, ns, "items") == {}
+    old = dict(first.source_state)
+    old[HELD_KEY] = {a: {**old[HELD_KEY][a], "since": (dt.datetime.now(dt.UTC) - dt.timedelta(hours=7)).isoformat()}}
+    late = apply_events(spark, settings, ns, lines, publish="transactions", fmt="cockroachdb", decoder_state=old)
+    assert late.status == "failed" and late.failed_checks == ["resolved_watermark_age(max_hours=6.0, files=1)"]
+    assert "watermark none: no resolved timestamp read yet" in late.message and "WITH resolved" in late.message
+    forced = apply_events(
+        spark,
+        settings,
+        ns,
+        lines,
+        publish="transactions",
+        fmt="cockroachdb",
+        decoder_state=old,
+        override=Override("force", "no resolved", "ops"),
+    )
+    assert forced.status == "complete" and state_of(spark, settings, ns, "items") == {"1": ("k1", "1.00")}
+
+
 def _result(statuses: dict[str, tuple[str, bool]], groups: list[list[str]]) -> BatchResult:
     r = BatchResult(batch_id="s_b1", source="s", status="complete", publish_groups=groups)
     r.tables = [TableResult(table=t, status=s, terminal=term) for t, (s, term) in statuses.items()]
@@ -169,7 +250,7 @@ def workloads(draw):
     return events, batches
 
 
-@hsettings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@hsettings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(workloads())
 def test_readers_never_see_half_a_transaction(spark, settings, workload):
     events, batches = workload
@@ -220,6 +301,9 @@ def test_publish_is_configured_per_source_with_transactions_where_the_format_all
 
     assert (source(format="debezium_postgres").publish, source(format="qlik").publish) == ("transactions", "transactions")
     assert (source(format="sqlserver_ces").publish, source(format="cockroachdb").publish) == ("events", "events")
+    assert source(format="cockroachdb", publish="transactions").publish == "transactions"  # with resolved timestamps
+    with pytest.raises(ConfigError, match=r"publish: transactions and ordering: arrival"):
+        source(format="cockroachdb", publish="transactions", ordering="arrival")
     assert source(format="debezium_sqlserver", publish="events").publish == "events"
     assert source(format="qlik", transaction_max_hold_hours=0.5).max_hold_hours == 0.5
     with pytest.raises(ConfigError, match=r"asks for publish: transactions, which format sqlserver_ces cannot give: .*commit LSN"):

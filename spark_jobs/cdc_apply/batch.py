@@ -180,7 +180,12 @@ def apply_decoded(
     decoded = held.only_held_lines(spark, raw, held.prior_in_batch(state, files))
     try:
         linked = False
-        if source.publish == "transactions":  # readers never see part of a source transaction
+        if source.publish == "transactions" and source.format == "cockroachdb":  # up to the resolved watermark
+            watermarked = _hold_after_watermark(source, result, state, decoded)
+            if watermarked is None:
+                return result
+            decoded = watermarked
+        elif source.publish == "transactions":  # readers never see part of a source transaction
             census = transactions.census(decoded)
             linked = census.transactions > 0
             hold = _transactions_to_hold(source, result, state, census.incomplete)
@@ -206,6 +211,37 @@ def apply_decoded(
     finally:
         raw.unpersist()
     return result
+
+
+def _hold_after_watermark(source: SourceConfig, result: BatchResult, state: dict[str, Any], decoded: DataFrame) -> DataFrame | None:
+    """CockroachDB under ``publish: transactions``: hold the events after the
+    feed's resolved watermark (``transactions.watermark``); None when the
+    batch fails because events have waited longer than the source's maximum
+    for it (an operator's *force* applies them)."""
+    mark, marks = transactions.watermark(decoded, state.get(transactions.RESOLVED_KEY) or {})
+    state[transactions.RESOLVED_KEY] = marks
+    held_out = transactions.hold_after(decoded, mark)
+    limit = dt.datetime.now(dt.UTC) - dt.timedelta(hours=source.max_hold_hours)
+    old = {p: r[transactions.HELD_SINCE] for p, r in (state.get(held.HELD_KEY) or {}).items() if transactions.HELD_SINCE in r}
+    old = {p: since for p, since in old.items() if dt.datetime.fromisoformat(since) < limit}
+    if old:
+        still = {r["file"] for r in held_out.where("status = 'held'").select("file").distinct().collect()} & set(old)
+        if still:
+            override = result.get_override()
+            if override is not None and override.action == "force":
+                log.warning("batch %s: applying events after the resolved watermark -- %s", result.batch_id, override.describe())
+                return decoded
+            result.status = Status.FAILED
+            result.failed_checks.append(f"resolved_watermark_age(max_hours={source.max_hold_hours}, files={len(still)})")
+            result.message = (
+                f"events of {source.name} held for the resolved watermark longer than {source.max_hold_hours} h "
+                f"(publish: transactions; watermark {mark or 'none: no resolved timestamp read yet'}; since "
+                f"{min(old[f] for f in still)} in {', '.join(sorted(still)[:5])}). Ways on: create the changefeed WITH resolved "
+                "and archive every partition's resolved messages; apply them as they are with --override force --override-reason '...'; "
+                "or set publish: events for the source"
+            )
+            return None
+    return held_out
 
 
 def _transactions_to_hold(

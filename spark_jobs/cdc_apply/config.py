@@ -250,13 +250,16 @@ TRANSACTION_FORMATS = {
     "debezium_postgres": "Debezium transaction metadata (transaction.total_order, END event_count)",
     "debezium_sqlserver": "Debezium transaction metadata (transaction.total_order, END event_count)",
     "qlik": "transactionId, transactionEventCounter and transactionLastEvent",
+    "cockroachdb": "resolved timestamps (a changefeed created WITH resolved): events apply up to the feed's resolved watermark",
 }
 """Formats whose messages say when a source transaction is complete
 (``apply/transactions.py``): ``publish: transactions`` is their default."""
 NO_TRANSACTIONS = {
     "sqlserver_ces": "CES events carry their transaction's commit LSN but nothing says how many events it has or which is its last",
-    "cockroachdb": "changefeeds give no transaction boundaries (resolved timestamps are not applied as a watermark yet)",
 }
+TRANSACTIONS_BY_DEFAULT = ("debezium_postgres", "debezium_sqlserver", "qlik")
+"""CockroachDB publishes by transactions only when asked: its resolved
+timestamps are a changefeed option, without which every event would wait."""
 
 
 @dataclass(frozen=True)
@@ -374,13 +377,18 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
         changelog = spec.get("changelog", True)
         if not isinstance(changelog, bool):
             raise ConfigError(f"{path}: changelog of source {name!r} is {changelog!r}; use true or false (or leave it out: true)")
-        publish = spec.get("publish", "transactions" if fmt in TRANSACTION_FORMATS else "events")
+        publish = spec.get("publish", "transactions" if fmt in TRANSACTIONS_BY_DEFAULT else "events")
         if publish not in PUBLISH_MODES:
             raise ConfigError(f"{path}: publish of source {name!r} is {publish!r}; use one of {list(PUBLISH_MODES)} (or leave it out)")
         if publish == "transactions" and fmt not in TRANSACTION_FORMATS:
             raise ConfigError(
                 f"{path}: source {name!r} asks for publish: transactions, which format {fmt} cannot give: {NO_TRANSACTIONS[fmt]}; "
                 "use publish: events (or leave it out)"
+            )
+        if publish == "transactions" and fmt == "cockroachdb" and spec.get("ordering", "log") != "log":
+            raise ConfigError(
+                f"{path}: source {name!r} asks for publish: transactions and ordering: arrival; the resolved watermark "
+                "is a timestamp, arrival positions are not: use ordering: log (or publish: events)"
             )
         try:
             max_hold = float(spec.get("transaction_max_hold_hours", 6.0))

@@ -764,3 +764,15 @@ def test_a_bare_key_array_among_messages_with_row_images_is_a_damaged_message() 
     for objs in ([row, key_only], [key_only], [{"topic": "orders", "key": "[1]", "value": wrapped(topic="orders")}, key_only]):
         out = file_outcomes("r.jsonl", objs, arrival)
         assert "`envelope: row`" in out[-1].reason and out[-1].reason.startswith(CONFIG_REFUSED_PREFIX), (objs, out[-1])
+
+
+def test_a_resolved_timestamp_names_the_stream_it_covers() -> None:
+    """Kafka gives every partition its own resolved timestamps (the archive
+    wrapper names the partition); webhook and cloud-storage sinks one for
+    the whole feed ("*"): apply/transactions.py takes the lowest."""
+    dec = CockroachDbDecoder(DecodeContext())
+    inner = json.dumps({"resolved": "1745506768962755000.0000000000"})
+    [kafka] = dec.decode_message(RawMessage("f", 1, json.dumps({"topic": "movr.public.rides", "partition": 3, "key": None, "value": inner})))
+    [webhook] = dec.decode_message(RawMessage("f", 2, inner))
+    assert isinstance(kafka, Skipped) and (kafka.reason, kafka.tx_group) == ("resolved-watermark", "movr.public.rides/3")
+    assert isinstance(webhook, Skipped) and webhook.tx_group == "*" and webhook.position == kafka.position

@@ -66,7 +66,9 @@ class Census:
 def census(decoded: DataFrame) -> Census:
     """The transactions among the decoded lines and which are incomplete (one
     Spark job; the incomplete ones come to the driver: the batch's tail)."""
-    tx = decoded.where(F.col("tx_group").isNotNull() & F.col("status").isin("event", "skipped"))
+    tx = decoded.where(
+        F.col("tx_group").isNotNull() & F.col("status").isin("event", "skipped") & ~F.coalesce(F.col("reason") == RESOLVED, F.lit(False))
+    )
     groups = tx.groupBy("tx_group").agg(
         F.max("tx_total").alias("total"),
         F.count_distinct("tx_order").alias("seen"),  # markers have no place: not counted
@@ -141,6 +143,40 @@ def linked_tables(events: DataFrame) -> list[list[tuple[Any, ...]]]:
 def mates(groups: list[list[str]], table: str) -> list[str]:
     """The other tables of ``table``'s publish group (none: it publishes alone)."""
     return next((sorted(set(g) - {table}) for g in groups if table in g), [])
+
+
+RESOLVED = "resolved-watermark"
+RESOLVED_KEY = "_cdc_resolved"
+"""Source-state key (CockroachDB): stream -> the highest resolved timestamp it emitted."""
+WATERMARK_REASON = "after the resolved timestamp"
+
+
+def watermark(decoded: DataFrame, prior: dict[str, str]) -> tuple[str | None, dict[str, str]]:
+    """CockroachDB: the feed's resolved watermark -- the lowest, over its
+    streams (Kafka partitions; one stream for webhook and cloud-storage
+    sinks), of the highest resolved timestamp each emitted, this batch's and
+    earlier ones' (``prior``) -- and the streams' marks to carry.  None: no
+    resolved timestamp yet.  A changefeed emits every row of a transaction at
+    the transaction's timestamp, so the rows at or below the watermark are
+    whole transactions, and no row below it can arrive later."""
+    marks = dict(prior)
+    rows = (
+        decoded.where((F.col("status") == "skipped") & (F.col("reason") == RESOLVED))
+        .groupBy(F.coalesce(F.col("tx_group"), F.lit("*")).alias("s"))
+        .agg(F.max("position").alias("p"))
+        .collect()
+    )
+    for r in rows:
+        marks[r["s"]] = max(marks.get(r["s"], r["p"]), r["p"])
+    return (min(marks.values()) if marks else None), marks
+
+
+def hold_after(decoded: DataFrame, mark: str | None) -> DataFrame:
+    """``decoded`` with its events after the watermark ``mark`` (all, without one) held."""
+    late = (F.col("status") == "event") & (F.lit(mark).isNull() | (F.col("position") > F.lit(mark)))
+    reason = F.concat(F.lit(f"{WATERMARK_REASON}: position "), F.col("position"), F.lit(f" is after the feed's resolved watermark {mark}"))
+    out = {"status": F.when(late, F.lit("held")).otherwise(F.col("status")), "reason": F.when(late, reason).otherwise(F.col("reason"))}
+    return decoded.select(*[out[c].alias(c) if c in out else F.col(c) for c in decoded.columns])
 
 
 class GatePending(Exception):

@@ -404,6 +404,7 @@ class Hints:
     table: TableRef | None = None
     key: Any = None  # parsed key: list of values, or {name: value}
     index: int = 0  # the element's index in a webhook batch (arrival order within a line)
+    stream: str | None = None  # the Kafka topic partition a wrapper names: its resolved timestamps cover it alone
 
 
 class MissingFields(ConfigRefused):
@@ -642,7 +643,11 @@ class CockroachDbDecoder(Decoder):
         resolved = _resolved_of(obj)
         if resolved is not None:
             pos = hlc_text(resolved, "resolved")
-            return Skipped("resolved-watermark", msg.file, msg.line, detail=f"resolved {resolved}", position=pos)
+            # tx_group: the stream the watermark covers (a Kafka partition; "*": the whole feed, as webhook
+            # and cloud-storage sinks emit it), read by apply/transactions.py under publish: transactions
+            return Skipped(
+                "resolved-watermark", msg.file, msg.line, detail=f"resolved {resolved}", position=pos, tx_group=hints.stream or "*"
+            )
         parts = self._parts(obj)
         if hints.table is not None:
             parts.tables.append(hints.table)
@@ -658,6 +663,8 @@ class CockroachDbDecoder(Decoder):
         if key is not None and not isinstance(key, (list, dict)):
             raise DecodeError(f"archive wrapper key is neither an array nor an object: {key!r}")
         hints.key = key
+        if obj.get("partition") is not None:
+            hints.stream = f"{obj.get('topic') or obj.get('table') or ''}/{obj['partition']}"
         for name in ("table", "topic"):
             if obj.get(name) not in (None, ""):
                 hints.table = table_from_topic(obj[name], f"archive wrapper {name}")

@@ -772,7 +772,9 @@ def test_a_resolved_timestamp_names_the_stream_it_covers() -> None:
     the whole feed ("*"): apply/transactions.py takes the lowest."""
     dec = CockroachDbDecoder(DecodeContext())
     inner = json.dumps({"resolved": "1745506768962755000.0000000000"})
-    [kafka] = dec.decode_message(RawMessage("f", 1, json.dumps({"topic": "movr.public.rides", "partition": 3, "key": None, "value": inner})))
+    [kafka] = dec.decode_message(
+        RawMessage("f", 1, json.dumps({"topic": "movr.public.rides", "partition": 3, "key": None, "value": inner}))
+    )
     [webhook] = dec.decode_message(RawMessage("f", 2, inner))
     assert isinstance(kafka, Skipped) and (kafka.reason, kafka.tx_group) == ("resolved-watermark", "movr.public.rides/3")
     assert isinstance(webhook, Skipped) and webhook.tx_group == "*" and webhook.position == kafka.position

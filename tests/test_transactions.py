@@ -215,6 +215,23 @@ def test_tables_that_shared_a_transaction_publish_together():
     assert r.table("l.s.a").status == "validated"
 
 
+def test_the_dags_publish_of_a_table_waits_while_a_group_mate_is_at_its_gate(settings, tmp_path):
+    """The mapped publish task of a table whose group-mate is still being
+    validated is rescheduled (no worker slot held, no retry spent); once the
+    mate failed, it fails as held back, as terminal as the mate."""
+    from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
+
+    from cdc_airflow.tasks import publish_table
+
+    path = tmp_path / "result.json"
+    path.write_text(_result({"l.s.a": ("validated", True), "l.s.b": ("written", True)}, [["l.s.a", "l.s.b"]]).to_json())
+    with pytest.raises(AirflowRescheduleException):
+        publish_table(str(path), "l.s.a")
+    path.write_text(_result({"l.s.a": ("validated", True), "l.s.b": ("failed", True)}, [["l.s.a", "l.s.b"]]).to_json())
+    with pytest.raises(AirflowFailException, match="held back"):
+        publish_table(str(path), "l.s.a")
+
+
 def test_overdue_counts_from_the_oldest_held_file():
     now = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
     inc = [transactions.Incomplete("T", 1, None, ("/a", "/b"))]

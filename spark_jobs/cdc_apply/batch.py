@@ -226,21 +226,15 @@ def _hold_after_watermark(source: SourceConfig, result: BatchResult, state: dict
     old = {p: since for p, since in old.items() if dt.datetime.fromisoformat(since) < limit}
     if old:
         still = {r["file"] for r in held_out.where("status = 'held'").select("file").distinct().collect()} & set(old)
+        what = (
+            f"events of {source.name} held for the resolved watermark longer than {source.max_hold_hours} h (publish: transactions; "
+            f"watermark {mark or 'none: no resolved timestamp read yet'}; since {min((old[f] for f in still), default='')} in "
+            f"{', '.join(sorted(still)[:5])})"
+        )
+        check = f"resolved_watermark_age(max_hours={source.max_hold_hours}, files={len(still)})"
+        remedy = "create the changefeed WITH resolved and archive every partition's resolved messages"
         if still:
-            override = result.get_override()
-            if override is not None and override.action == "force":
-                log.warning("batch %s: applying events after the resolved watermark -- %s", result.batch_id, override.describe())
-                return decoded
-            result.status = Status.FAILED
-            result.failed_checks.append(f"resolved_watermark_age(max_hours={source.max_hold_hours}, files={len(still)})")
-            result.message = (
-                f"events of {source.name} held for the resolved watermark longer than {source.max_hold_hours} h "
-                f"(publish: transactions; watermark {mark or 'none: no resolved timestamp read yet'}; since "
-                f"{min(old[f] for f in still)} in {', '.join(sorted(still)[:5])}). Ways on: create the changefeed WITH resolved "
-                "and archive every partition's resolved messages; apply them as they are with --override force --override-reason '...'; "
-                "or set publish: events for the source"
-            )
-            return None
+            return decoded if _held_too_long(result, check, what, remedy) else None
     return held_out
 
 
@@ -253,19 +247,29 @@ def _transactions_to_hold(
     late = transactions.overdue(incomplete, state.get(held.HELD_KEY) or {}, source.max_hold_hours)
     if not late:
         return incomplete
+    shown = "; ".join(list(late.values())[:5]) + (f"; and {len(late) - 5} more" if len(late) > 5 else "")
+    what = f"{len(late)} source transaction(s) of {source.name} held longer than {source.max_hold_hours} h (publish: transactions): {shown}"
+    check = f"transaction_hold_age(max_hours={source.max_hold_hours}, transactions={len(late)})"
+    if _held_too_long(result, check, what, "archive the missing messages (or release them from quarantine) and re-run"):
+        return [i for i in incomplete if i.group not in late]
+    return None
+
+
+def _held_too_long(result: BatchResult, check: str, what: str, remedy: str) -> bool:
+    """Events held longer than their source allows: an operator's *force*
+    lets them through as they are (True, logged); otherwise the batch fails
+    with ``what`` and the ways on (False)."""
     override = result.get_override()
     if override is not None and override.action == "force":
-        log.warning("batch %s: applying %d incomplete transaction(s) as they are -- %s", result.batch_id, len(late), override.describe())
-        return [i for i in incomplete if i.group not in late]
-    shown = "; ".join(list(late.values())[:5]) + (f"; and {len(late) - 5} more" if len(late) > 5 else "")
+        log.warning("batch %s: applying as they are: %s -- %s", result.batch_id, what, override.describe())
+        return True
     result.status = Status.FAILED
-    result.failed_checks.append(f"transaction_hold_age(max_hours={source.max_hold_hours}, transactions={len(late)})")
+    result.failed_checks.append(check)
     result.message = (
-        f"{len(late)} source transaction(s) of {source.name} held longer than {source.max_hold_hours} h (publish: transactions): "
-        f"{shown}. Ways on: archive the missing messages (or release them from quarantine) and re-run; apply them as they are "
-        f"with --override force --override-reason '...'; or set publish: events for the source"
+        f"{what}. Ways on: {remedy}; apply them as they are with --override force --override-reason '...'; "
+        "or set publish: events for the source"
     )
-    return None
+    return False
 
 
 def _count_messages(decoded: DataFrame, result: BatchResult) -> dict[tuple[str, str], int]:

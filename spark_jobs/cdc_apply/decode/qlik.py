@@ -485,11 +485,13 @@ class QlikDecoder(Decoder):
                 notes.append("no transactionEventCounter (0 used in the position)")
         base_position = f"{sequence}|{pad_decimal(counter or 0)}"
         tx_id = _opt_str(headers.get("transactionId"), "headers.transactionId")
-        # the transaction's completeness (apply/transactions.py): its id and the event's counter,
-        # both or neither; the last event's counter is the transaction's event count
-        tx_group = tx_id if tx_id is not None and counter is not None and op is not Op.READ else None
+        # the transaction's completeness (apply/transactions.py): its id, the event's counter and
+        # whether it is the last, all three or none (without the last-event header nothing says when
+        # a transaction ends: nothing waits); the last event's counter is the transaction's event count
         last = _opt_bool(headers.get("transactionLastEvent"), "headers.transactionLastEvent")
-        tx_total = counter if tx_group is not None and last else None
+        whole = tx_id is not None and counter is not None and last is not None and op is not Op.READ
+        tx_group = tx_id if whole else None
+        tx_total = counter if whole and last else None
         ts_text = _opt_str(headers.get("timestamp"), "headers.timestamp")
         commit_ts_us = None
         if ts_text is not None:

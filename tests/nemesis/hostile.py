@@ -238,7 +238,9 @@ def format_trial(spark, work: Path, fmt: str, seed: int, mutations: int, big: bo
     tag = f"h{seed % 10**8}_{fmt[:6]}"
     good = good_lines(fmt, rnd, 60)
     head = good[:1] if fmt == "qlik" else []
-    mutts = [g.replace("items", "mutts") for g in good]
+    # the copies to mutate are other messages of other transactions: a garbage twin must not share a
+    # good line's transaction (with publish: transactions its failed table would hold the good one back)
+    mutts = [re.sub(r'("transactionId":\s*")', r"\1f", g.replace("items", "mutts")) for g in good]
     lines: list[bytes] = [g.encode() for g in good]
     kinds: dict[str, int] = {}
     for i in range(mutations):

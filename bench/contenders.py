@@ -64,6 +64,9 @@ def sources_yaml(names: list[str], merge_mode: str | None = None) -> str:
             "    format: debezium_postgres",
             f"    namespace: {n}",
             "    quarantine_max_share: 0.0",
+            # the workload's changes carry Debezium's transaction block, but no transaction
+            # topic is archived (no END markers): under publish: transactions every event would wait
+            "    publish: events",
             *([f"    merge_mode: {merge_mode}"] if merge_mode else []),
             "    tables:",
             f"      {wl.SCHEMA_NAME}.{wl.TABLE}: {{primary_key: [{wl.KEY}]}}",

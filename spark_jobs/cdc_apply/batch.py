@@ -222,7 +222,7 @@ def _hold_after_watermark(source: SourceConfig, result: BatchResult, state: dict
     state[transactions.RESOLVED_KEY] = marks
     held_out = transactions.hold_after(decoded, mark)
     limit = dt.datetime.now(dt.UTC) - dt.timedelta(hours=source.max_hold_hours)
-    old = {p: r[transactions.HELD_SINCE] for p, r in (state.get(held.HELD_KEY) or {}).items() if transactions.HELD_SINCE in r}
+    old = {p: r[held.HELD_SINCE] for p, r in (state.get(held.HELD_KEY) or {}).items() if held.HELD_SINCE in r}
     old = {p: since for p, since in old.items() if dt.datetime.fromisoformat(since) < limit}
     if old:
         still = {r["file"] for r in held_out.where("status = 'held'").select("file").distinct().collect()} & set(old)

@@ -246,15 +246,8 @@ class Settings:
 MERGE_MODES = ("copy-on-write", "merge-on-read")
 ORDERINGS = ("log", "arrival")
 PUBLISH_MODES = ("transactions", "events")
-TRANSACTION_FORMATS = {
-    "debezium_postgres": "Debezium transaction metadata (transaction.total_order, END event_count)",
-    "debezium_sqlserver": "Debezium transaction metadata (transaction.total_order, END event_count)",
-    "qlik": "transactionId, transactionEventCounter and transactionLastEvent",
-    "cockroachdb": "resolved timestamps (a changefeed created WITH resolved): events apply up to the feed's resolved watermark",
-}
-"""Formats whose messages say when a source transaction is complete
-(``apply/transactions.py``): ``publish: transactions`` is their default."""
 NO_TRANSACTIONS = {
+    # formats whose messages never say when a source transaction is complete (apply/transactions.py)
     "sqlserver_ces": "CES events carry their transaction's commit LSN but nothing says how many events it has or which is its last",
 }
 TRANSACTIONS_BY_DEFAULT = ("debezium_postgres", "debezium_sqlserver", "qlik")
@@ -380,7 +373,7 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
         publish = spec.get("publish", "transactions" if fmt in TRANSACTIONS_BY_DEFAULT else "events")
         if publish not in PUBLISH_MODES:
             raise ConfigError(f"{path}: publish of source {name!r} is {publish!r}; use one of {list(PUBLISH_MODES)} (or leave it out)")
-        if publish == "transactions" and fmt not in TRANSACTION_FORMATS:
+        if publish == "transactions" and fmt in NO_TRANSACTIONS:
             raise ConfigError(
                 f"{path}: source {name!r} asks for publish: transactions, which format {fmt} cannot give: {NO_TRANSACTIONS[fmt]}; "
                 "use publish: events (or leave it out)"

@@ -32,7 +32,9 @@ from pyspark.sql import functions as F
 from cdc_apply.errors import AlreadyAppliedFileChanged
 
 HELD_KEY = "_cdc_held"
-"""Source-state key: path -> {"sha256": ..., "lines": [[first, last], ...]}."""
+"""Source-state key: path -> {"sha256": ..., "lines": [[first, last], ...], "since": ...}."""
+HELD_SINCE = "since"
+"""Key of a held file's record: when it was first held (ISO, UTC); hold ages count from it."""
 
 
 def line_ranges(lines: Iterable[int]) -> list[list[int]]:
@@ -97,5 +99,5 @@ def carry(
     out = {p: rec for p, rec in prior.items() if p not in read}
     now = now or dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     for path, lines in held_lines.items():
-        out[path] = {"sha256": sha[path], "lines": line_ranges(lines), "since": (prior.get(path) or {}).get("since", now)}
+        out[path] = {"sha256": sha[path], "lines": line_ranges(lines), HELD_SINCE: (prior.get(path) or {}).get(HELD_SINCE, now)}
     return out

@@ -34,13 +34,12 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cdc_apply.apply.held import HELD_SINCE
 from cdc_apply.status import Status
 
 log = logging.getLogger(__name__)
 
 HELD_REASON = "transaction incomplete"
-HELD_SINCE = "since"
-"""Key of a held file's record (``held.HELD_KEY``): when it was first held (ISO, UTC)."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ def apply_events(
     quarantine_max_share=1.0,
     batch_tag: str | None = None,
     override=None,
-    merge_mode: str | None = None,
+    merge_mode: str = "auto",
     changelog: bool = True,
     history: dict[str, str] | None = None,
     stages: tuple[str, ...] = ("validate", "publish"),

@@ -231,9 +231,8 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
     apply_events(spark, settings, ns, [event("c", k, {"name": "a", "amount": "1.00"}, pos=k) for k in range(1, 4)])
     ident = f"{settings.catalog_name}.{ns}.items"
     assert tables.merge_mode(spark, ident) == "copy-on-write"
-    spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('write.merge.mode'='{mode}')")
-    apply_events(spark, settings, ns, [event("c", k, {"name": "b", "amount": "2.00"}, pos=k) for k in range(101, 104)])
-    apply_events(spark, settings, ns, [event("u", 102, {"name": "c", "amount": "3.00"}, pos=200)])
+    apply_events(spark, settings, ns, [event("c", k, {"name": "b", "amount": "2.00"}, pos=k) for k in range(101, 104)], merge_mode=mode)
+    apply_events(spark, settings, ns, [event("u", 102, {"name": "c", "amount": "3.00"}, pos=200)], merge_mode=mode)
     summary = spark.sql(f"SELECT summary FROM {ident}.snapshots WHERE summary['spark.merge-into.num-target-rows-updated'] = '1'").collect()
     written = [(s[0].get("added-position-deletes"), s[0].get("deleted-data-files")) for s in summary]
     assert written == ([("1", None)] if mode == "merge-on-read" else [(None, "1")]), summary
@@ -260,7 +259,8 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
 
 def test_a_source_merge_mode_is_kept_on_its_tables(spark, settings, ns):
     """``merge_mode`` in sources.yaml sets ``write.merge.mode`` when a table is
-    created and puts it back when it differs; left out, a table keeps its own."""
+    created and puts it back when it differs; left out (``auto``), each batch
+    that updates stored rows chooses."""
     ident = f"{settings.catalog_name}.{ns}.items"
 
     def mode():
@@ -286,9 +286,41 @@ def test_a_source_merge_mode_is_kept_on_its_tables(spark, settings, ns):
         (None, "1"),
     )
     spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('write.merge.mode'='merge-on-read')")  # by hand
-    r = apply_events(spark, settings, ns, [event("u", 1, {"name": "d"}, pos=12)])
-    assert (r.tables[0].schema_changes, mode(), last_update()) == ([], "merge-on-read", ("1", None))
+    r = apply_events(spark, settings, ns, [event("u", 1, {"name": "d"}, pos=12)])  # auto: 1 key of 2 rows is many
+    assert (r.tables[0].schema_changes, mode(), last_update()) == ([], "copy-on-write", (None, "1"))
     assert rows(spark, settings, ns) == {"1": ("d", "1.00"), "2": ("c", "1.00")}
+
+
+def test_auto_merge_mode_writes_deletes_for_a_few_keys_and_rewrites_for_many(spark, settings, ns):
+    """``merge_mode: auto`` (the default): a batch whose stored keys are at most
+    ``MERGE_ON_READ_MAX_SHARE`` of the table's live rows is written
+    merge-on-read (position deletes, no data file rewritten: the hourly batch
+    into a large table); more keys are written copy-on-write.  Both results
+    equal the same rows."""
+    from cdc_apply.apply.tables import MERGE_ON_READ_MAX_SHARE
+
+    ident = f"{settings.catalog_name}.{ns}.items"
+    n = int(2 / MERGE_ON_READ_MAX_SHARE)  # a table where 2 keys are few and 3 are many
+    apply_events(spark, settings, ns, [event("c", k, {"name": "a", "amount": "1.00"}, pos=k) for k in range(1, n + 1)])
+
+    def written() -> tuple:
+        s = spark.sql(f"SELECT summary FROM {ident}.snapshots WHERE summary['spark.merge-into.num-target-rows-updated'] IS NOT NULL")
+        last = [r[0] for r in s.collect()][-1]
+        return last.get("added-position-deletes"), last.get("deleted-data-files")
+
+    apply_events(spark, settings, ns, [event("u", k, {"name": "few"}, pos=n + k) for k in (5, 6)])
+    assert written() == ("2", None)
+    apply_events(spark, settings, ns, [event("u", k, {"name": "many"}, pos=2 * n + k) for k in (7, 8, 9)])
+    deletes, rewritten = written()
+    assert deletes is None and int(rewritten) >= 1
+    got = rows(spark, settings, ns)
+    assert len(got) == n and {k: got[k][0] for k in ("4", "5", "6", "7", "9")} == {
+        "4": "a",
+        "5": "few",
+        "6": "few",
+        "7": "many",
+        "9": "many",
+    }
 
 
 def test_an_unknown_merge_mode_is_refused_with_the_choices(settings, tmp_path):
@@ -299,7 +331,9 @@ def test_an_unknown_merge_mode_is_refused_with_the_choices(settings, tmp_path):
 
     f = tmp_path / "sources.yaml"
     f.write_text("sources:\n  s:\n    format: debezium_postgres\n    merge_mode: merge-on-write\n")
-    with pytest.raises(ConfigError, match=r"merge_mode of source 's' is 'merge-on-write'; use one of \['copy-on-write', 'merge-on-read'\]"):
+    with pytest.raises(
+        ConfigError, match=r"merge_mode of source 's' is 'merge-on-write'; use one of \['auto', 'copy-on-write', 'merge-on-read'\]"
+    ):
         load_sources(dataclasses.replace(settings, sources_file=f))
     f.write_text("sources:\n  s:\n    format: debezium_postgres\n    merge_mode: merge-on-read\n")
     assert load_sources(dataclasses.replace(settings, sources_file=f))["s"].merge_mode == "merge-on-read"

@@ -243,7 +243,7 @@ class Settings:
 # Sources: which archive folder holds which format, and table keys.
 
 
-MERGE_MODES = ("copy-on-write", "merge-on-read")
+MERGE_MODES = ("auto", "copy-on-write", "merge-on-read")
 ORDERINGS = ("log", "arrival")
 PUBLISH_MODES = ("transactions", "events")
 NO_TRANSACTIONS = {
@@ -264,9 +264,11 @@ class SourceConfig:
     primary_keys: dict[str, list[str]] = field(default_factory=dict)
     quarantine_max_share: float = 0.05
     """Fail the batch when more than this share of its messages is quarantined."""
-    merge_mode: str | None = None
-    """``write.merge.mode`` every table of the source is kept at (``merge-on-read``
-    for small batches of scattered keys); None leaves each table's own setting."""
+    merge_mode: str = "auto"
+    """``write.merge.mode`` of the source's tables: ``auto`` chooses per batch
+    (``tables.auto_merge_mode``: merge-on-read when the batch updates few of
+    the table's rows, copy-on-write otherwise); ``copy-on-write`` /
+    ``merge-on-read`` keep every table at that mode."""
     ordering: str = "log"
     """How events of a key are ordered: ``log`` (the source's log position, e.g.
     CockroachDB's HLC ``mvcc_timestamp`` / ``updated``) or ``arrival`` (archive
@@ -349,8 +351,8 @@ def load_sources(settings: Settings) -> dict[str, SourceConfig]:
             keys[str(table)] = [str(c) for c in pk]
             if (tspec or {}).get("columns") is not None:
                 columns[str(table)] = _declared_columns(path, name, str(table), tspec["columns"])
-        merge_mode = spec.get("merge_mode")
-        if merge_mode is not None and merge_mode not in MERGE_MODES:
+        merge_mode = spec.get("merge_mode", "auto")
+        if merge_mode not in MERGE_MODES:
             raise ConfigError(f"{path}: merge_mode of source {name!r} is {merge_mode!r}; use one of {list(MERGE_MODES)} (or leave it out)")
         ordering = spec.get("ordering", "log")
         if ordering not in ORDERINGS:

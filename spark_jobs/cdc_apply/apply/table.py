@@ -159,10 +159,11 @@ def _create_or_evolve(work: TableWork, spec: tables.TableSpec, exists: bool, met
     killed run left half-made); returns the schema changes made."""
     spark, source = work.spark, work.source
     if not exists:
-        tables.create_table(spark, spec, source.name, source.merge_mode, source_identity(meta))
+        fixed = None if source.merge_mode == "auto" else source.merge_mode
+        tables.create_table(spark, spec, source.name, fixed, source_identity(meta))
         return ["created table"]
     changes = tables.evolve(spark, spec)
-    if source.merge_mode:
+    if source.merge_mode != "auto":
         changes += tables.keep_merge_mode(spark, spec.identifier, source.merge_mode)
     if not tables.is_complete(spark, spec.identifier):  # a killed run left it half-made
         tables.finish_table(spark, spec)
@@ -249,6 +250,9 @@ def _write(
         props = ledger.summary_properties(work.batch_id, applied, position_max=tr.position_max, truncated_at=truncated_at, counts=counts)
         props.update(ledger.watermark_properties(prior, tr.position_max, truncs["ts"]))  # what as-of reads (asof.py)
         props[branches.ATTEMPT_PROPERTY] = attempt
+        stored_keys = counts["keys"] - acc.new_keys
+        if work.source.merge_mode == "auto" and stored_keys:
+            _choose_merge_mode(spark, spec, stored_keys, base_live)
         with branches.snapshot_properties(spark, props):
             source_df = compact.merge_source(folded, spec.key_columns, spec.columns)
             merge.merge_changes(
@@ -259,7 +263,7 @@ def _write(
                 work.batch_id,
                 acc.key_ranges,
                 new_keys=acc.new_keys,
-                stored_keys=counts["keys"] - acc.new_keys,
+                stored_keys=stored_keys,
             )
             if counts["deleted"] + counts["noop_deletes"] + counts["filled"]:  # tombstones written or filled
                 counts["key_changes_refreshed"] = merge.refresh_inherited(spark, spec, branch, work.batch_id)
@@ -279,6 +283,15 @@ def _write(
         labelled.unpersist()
         folded.unpersist()
         moved.release()
+
+
+def _choose_merge_mode(spark: SparkSession, spec: tables.TableSpec, stored_keys: int, table_rows: int) -> None:
+    """``merge_mode: auto``: set the table's ``write.merge.mode`` for this
+    batch's MERGE (Iceberg reads it from the table properties only; a
+    metadata-only commit, made only when the mode changes)."""
+    mode = tables.auto_merge_mode(stored_keys, table_rows)
+    for change in tables.keep_merge_mode(spark, spec.identifier, mode):
+        log.info("%s: %s (auto: %d stored key(s) of %d live rows)", spec.identifier, change, stored_keys, table_rows)
 
 
 def _quarantine_keyless(work: TableWork, spec: tables.TableSpec, rows: DataFrame) -> int:

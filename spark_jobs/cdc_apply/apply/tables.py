@@ -242,6 +242,20 @@ def merge_mode(spark: SparkSession, identifier: str) -> str:
     return table_properties(spark, identifier).get("write.merge.mode", "copy-on-write")
 
 
+MERGE_ON_READ_MAX_SHARE = 0.001
+"""``merge_mode: auto`` writes merge-on-read when the batch's stored keys are at
+most this share of the table's live rows (bench/README.md, issue 20 step 4)."""
+
+
+def auto_merge_mode(stored_keys: int, table_rows: int) -> str:
+    """The cheaper write for this batch.  Copy-on-write rewrites every data
+    file holding one of the batch's stored keys: a few keys scattered over a
+    large table rewrite nearly all of it (an hourly batch), where merge-on-read
+    writes a position delete per key.  Many keys touch most files either way,
+    and then copy-on-write leaves no delete files for every later read to merge."""
+    return "merge-on-read" if stored_keys <= table_rows * MERGE_ON_READ_MAX_SHARE else "copy-on-write"
+
+
 def keep_merge_mode(spark: SparkSession, identifier: str, mode: str) -> list[str]:
     """Set ``write.merge.mode`` when the table's differs from the source's
     (config.MERGE_MODES, validated); returns the change made, for the report."""

@@ -74,12 +74,13 @@ def sources_yaml(names: list[str], merge_mode: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def prepare_home(home: Path, sources: list[str]) -> dict[str, str]:
-    """A fresh CDC_HOME (own SQLite catalog and warehouse) and a sources file;
-    returns the environment variables, also set in ``os.environ``."""
+def prepare_home(home: Path, sources: list[str], merge_mode: str | None = None) -> dict[str, str]:
+    """A fresh CDC_HOME (own SQLite catalog and warehouse) and a sources file
+    (``merge_mode`` for every source; None: the project's default); returns
+    the environment variables, also set in ``os.environ``."""
     home.mkdir(parents=True, exist_ok=True)
     sf = home / "sources.yaml"
-    sf.write_text(sources_yaml(sources))
+    sf.write_text(sources_yaml(sources, merge_mode))
     env = {
         "CDC_HOME": str(home),
         "CDC_SOURCES_FILE": str(sf),

@@ -169,6 +169,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
     p.add_argument("--profile", action="store_true", help="cProfile the driver during the project's main batch")
     p.add_argument(
+        "--merge-mode",
+        choices=["auto", "copy-on-write", "merge-on-read"],
+        help="merge_mode of the benchmark's sources (default: the project's, auto)",
+    )
+    p.add_argument(
         "--dag-driver-memory",
         help="add --driver-memory to the DAG job's spark-submit (hourly and RSS runs); "
         "default: none, exactly as the DAG submits (CDC_SPARK_DRIVER_MEMORY, default 3g)",
@@ -209,13 +214,13 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     reuse_scale = args.scale_events == args.events and args.scale_small_rows == args.base_rows
     sources = ["bench", "bench_l"] + ([] if reuse_scale else ["bench_s"])
-    env = C.prepare_home(workdir / "home", sources)
+    env = C.prepare_home(workdir / "home", sources, args.merge_mode)
     from cdc_apply.config import Settings
 
     settings = Settings.from_env()
     out: dict[str, Any] = {
         "scale": args.scale,
-        "params": {k: getattr(args, k) for k in PRESETS["tiny"]} | {"seed": args.seed},
+        "params": {k: getattr(args, k) for k in PRESETS["tiny"]} | {"seed": args.seed, "merge_mode": args.merge_mode or "auto"},
         "machine": machine_facts(settings),
         "setup_seconds": {},
         "contenders": {},

@@ -112,6 +112,21 @@ def test_unreadable_file_is_a_named_transient_error(tmp_path, monkeypatch):
         listing.sha256_of(f)
 
 
+def test_a_dangling_link_fails_the_listing_naming_it(tmp_path):
+    """A link to a file that is gone is an archive file that cannot be read,
+    not a file that is not there (found by the nemesis' file faults: it was
+    left out of the listing and the batch completed without it)."""
+    hour = tmp_path / "2026" / "01" / "01" / "00"
+    hour.mkdir(parents=True)
+    files.write_jsonl(hour / "a.jsonl", ['{"x":1}'])
+    (hour / "b.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    (hour / "README.md").symlink_to(tmp_path / "gone.md")  # not an archive file name: not ours to judge
+    with pytest.raises(ArchiveUnreadable, match=f"archive file {hour / 'b.jsonl'} cannot be read: it is a link to .*gone.jsonl"):
+        listing.list_files(tmp_path)
+    (hour / "b.jsonl").unlink()
+    assert [Path(f.path).name for f in listing.list_files(tmp_path)] == ["a.jsonl"]
+
+
 @pytest.mark.parametrize("compress", [False, True])
 def test_utf8_bom_is_stripped_not_quarantined(compress):
     payload = BOM + b'{"a":1}\n{"b":2}\n'

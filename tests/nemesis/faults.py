@@ -77,7 +77,10 @@ def fault_trial(spark, settings, work: Path, fault: str, seed: int = 5) -> Trial
     if fault in ("rewrite-same-size", "rewrite-new-size"):
         original = applied.read_bytes()
         text = original.decode()
-        applied.write_text(text.replace('"a"', '"b"', 1) if fault == "rewrite-same-size" else text + text.splitlines()[0] + "\n")
+        # same size: one letter of the Connect schema (every line has it), so the file surely changed
+        applied.write_text(text.replace('"struct"', '"strucT"', 1) if fault == "rewrite-same-size" else text + text.splitlines()[0] + "\n")
+        if applied.read_bytes() == original or (fault == "rewrite-same-size" and len(applied.read_bytes()) != len(original)):
+            trial.problems.append("the harness did not rewrite the file as asked")
         modes = ["sha256"] if fault == "rewrite-same-size" else ["size", "sha256"]
         for mode in modes:
             res, exc = attempt(f"verify {mode}", dataclasses.replace(settings, verify_applied=mode))

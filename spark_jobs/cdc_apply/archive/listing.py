@@ -59,11 +59,14 @@ def list_files(
         return []
     out = []
     for path in walk_files(root):
-        if not path.is_file() or path.name.startswith((".", "_")):
+        if path.name.startswith((".", "_")):
             continue
         readable = path.name.endswith(SUFFIXES)
         if not readable and not unread_compression(path.name):
             continue
+        if not path.is_file():
+            refuse_dangling(path)
+            continue  # a folder, pipe or socket named like an archive file
         hour = local_hour(path, root)
         if until is not None and hour >= until:
             continue
@@ -74,6 +77,21 @@ def list_files(
         resolved, size = str(path.resolve()), path.stat().st_size
         out.append(ArchiveFile(hour=hour, path=resolved, size=size, sha256=known_sha256(known, resolved, size) or sha256_of(path)))
     return sorted(out)
+
+
+def refuse_dangling(path: Path) -> None:
+    """A link whose target is gone fails the listing (ArchiveUnreadable,
+    naming both): ``is_file()`` is false for it, and leaving it out would
+    apply later hours without the file it stands for."""
+    import os
+
+    from cdc_apply.errors import ArchiveUnreadable
+
+    if path.is_symlink() and not path.exists():
+        raise ArchiveUnreadable(
+            f"archive file {path} cannot be read: it is a link to {os.readlink(path)!r}, which does not exist "
+            "(restore the target, or remove the link if the file was never meant to be applied)"
+        )
 
 
 def local_hour(path: Path, root: Path | None = None) -> dt.datetime:

@@ -37,9 +37,6 @@ META_POS = "_cdc_pos"
 
 # Labels given to each event.
 APPLY, DUPLICATE, SUPERSEDED, CONFLICT = "apply", "duplicate", "superseded", "conflict"
-BROADCAST_ROWS_MAX = 2_000_000
-"""A batch-sized side of a join (keys, tombstones) is broadcast up to this
-many rows, so the table's side is read where it lies instead of shuffled."""
 MAX_KEY_CHANGE_CHAIN = 32
 """Key changes of one key chained within a batch (1 -> 2 -> 3 ...) that the
 inheritance follows; an insert further down a longer chain keeps what it

@@ -13,7 +13,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_apply.apply.branches import branch_ref, read_branch
-from cdc_apply.apply.compact import BROADCAST_ROWS_MAX, MAX_KEY_CHANGE_CHAIN, META_POS, NEVER_SET, quote
+from cdc_apply.apply.compact import MAX_KEY_CHANGE_CHAIN, META_POS, NEVER_SET, quote
 from cdc_apply.apply.tables import INT_TYPES, TableSpec
 
 
@@ -240,7 +240,7 @@ def merge_sql(
     """
 
 
-def refresh_inherited(spark: SparkSession, spec: TableSpec, branch: str, batch_id: str, tombstones: int | None = None) -> int:
+def refresh_inherited(spark: SparkSession, spec: TableSpec, branch: str, batch_id: str) -> int:
     """The new key of a primary-key change takes the old key's values again
     where this batch changed the old key's tombstone (the state just before
     the change): the delete half arrived after the insert half, or a late
@@ -251,16 +251,13 @@ def refresh_inherited(spark: SparkSession, spec: TableSpec, branch: str, batch_i
     before its delete half left them out).  A new key that is a tombstone
     itself (it moved on in a later key change) is refreshed too, and so on
     down the chain.  Returns the rows refreshed; each round commits on the
-    audit branch like the MERGE before it.  ``tombstones``: how many this
-    batch wrote or filled (at most), to broadcast them while they are few
-    instead of shuffling the whole branch to meet them."""
-    broadcast = tombstones is not None and tombstones <= BROADCAST_ROWS_MAX
+    audit branch like the MERGE before it."""
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
     total = 0
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key_columns)
     sets = ", ".join(f"{quote(c)} = s.{quote(c)}" for c in data_cols)
     for _ in range(MAX_KEY_CHANGE_CHAIN + 1) if data_cols else ():
-        refreshed = _refreshed_rows(read_branch(spark, spec, branch), spec, data_cols, batch_id, broadcast).persist()
+        refreshed = _refreshed_rows(read_branch(spark, spec, branch), spec, data_cols, batch_id).persist()
         try:
             by_kind = {
                 r["_cdc_deleted"]: r["n"] for r in refreshed.groupBy("_cdc_deleted").count().withColumnRenamed("count", "n").collect()
@@ -284,7 +281,7 @@ def refresh_inherited(spark: SparkSession, spec: TableSpec, branch: str, batch_i
     return total
 
 
-def _refreshed_rows(rows: DataFrame, spec: TableSpec, data_cols: list[str], batch_id: str, broadcast: bool = False) -> DataFrame:
+def _refreshed_rows(rows: DataFrame, spec: TableSpec, data_cols: list[str], batch_id: str) -> DataFrame:
     """The rows a key change made whose inherited columns differ from the
     state the old key's tombstone (written or filled by this batch) keeps,
     with their new values."""
@@ -294,7 +291,7 @@ def _refreshed_rows(rows: DataFrame, spec: TableSpec, data_cols: list[str], batc
         *[F.col(quote(c)).alias(f"_m_v{i}") for i, c in enumerate(data_cols)],
     )
     other_key = ~functools.reduce(operator.and_, [F.col(quote(k)).eqNullSafe(F.col(f"_m_k{i}")) for i, k in enumerate(spec.key_columns)])
-    paired = rows.join(F.broadcast(tombs) if broadcast else tombs, F.col("_cdc_change_id") == F.col("_m_cid")).where(other_key)
+    paired = rows.join(tombs, F.col("_cdc_change_id") == F.col("_m_cid")).where(other_key)
     empty = F.create_map().cast("map<string,string>")
 
     def still_inherited(c: str) -> Column:

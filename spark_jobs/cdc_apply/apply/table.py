@@ -265,9 +265,8 @@ def _write(
                 new_keys=acc.new_keys,
                 stored_keys=stored_keys,
             )
-            tombstones = counts["deleted"] + counts["noop_deletes"] + counts["filled"]  # written or filled
-            if tombstones:
-                counts["key_changes_refreshed"] = merge.refresh_inherited(spark, spec, branch, work.batch_id, tombstones)
+            if counts["deleted"] + counts["noop_deletes"] + counts["filled"]:  # tombstones written or filled
+                counts["key_changes_refreshed"] = merge.refresh_inherited(spark, spec, branch, work.batch_id)
             # a net change always commits (a stored key's has another position than the
             # stored row: it matches; a new key's is appended); none: the ledger alone
             if not counts["keys"] or truncs["n"]:

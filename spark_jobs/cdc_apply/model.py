@@ -331,6 +331,16 @@ def epoch_micros(value: dt.datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+def transaction_count(n: int, what: str) -> int:
+    """An event's place in its transaction, or a transaction's event count, as
+    the canonical model carries them (bigint): a message's number outside
+    0..2^63-1 is a damaged message (DecodeError, naming the field), not a
+    batch that dies building its columns."""
+    if not 0 <= n <= INT_RANGES["bigint"][1]:
+        raise DecodeError(f"{what} {n} is out of range for a transaction count (0 to 2^63-1)")
+    return n
+
+
 def pad_decimal(n: int, width: int = 20) -> str:
     """Fixed-width decimal text for positions: string order == numeric order."""
     if n < 0:

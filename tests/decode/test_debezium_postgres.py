@@ -208,6 +208,27 @@ def test_a_transactions_changes_and_its_end_marker_share_the_txid_not_the_whole_
     assert (ev.tx_group, ev.tx_order, marker.tx_group, marker.tx_total) == ("757", 1, "757", 1)
 
 
+@pytest.mark.parametrize("order,count", [(2**63, 1), (1, 2**63), (-1, 1), (1, -1)])
+def test_a_transaction_order_or_count_outside_bigint_is_quarantined_naming_it(order, count) -> None:
+    """``total_order`` and an END marker's ``event_count`` are carried as
+    bigint: outside 0..2^63-1 the message is quarantined naming the field
+    (before, the decode task died building its Arrow columns: the nemesis'
+    hostile kind, Debezium SQL Server; the rule is the shared Debezium one)."""
+    from cdc_apply.decode.base import decode_all
+    from cdc_apply.model import Quarantined
+
+    create = json.loads((CASES / "debezium_postgres" / "03_create.repaired.json").read_text())
+    payload = create.get("payload", create)
+    payload["transaction"] = {"id": "757:1", "total_order": order, "data_collection_order": 1}
+    end = {"payload": {"status": "END", "id": "757:2", "event_count": count, "data_collections": [], "ts_ms": 1}}
+    out = list(
+        decode_all(DebeziumPostgresDecoder(DecodeContext()), [RawMessage("f", 1, json.dumps(create)), RawMessage("f", 2, json.dumps(end))])
+    )
+    field = "transaction.total_order" if order != 1 else "event_count"
+    bad = [o for o in out if isinstance(o, Quarantined)]
+    assert len(bad) == 1 and f"{field} {order if order != 1 else count} is out of range" in bad[0].reason, out
+
+
 # --------------------------------------------------------------------------
 # Logical types
 

@@ -356,3 +356,24 @@ def test_a_transaction_id_beyond_int64_goes_the_exact_way(tmp_path):
     path.write_bytes(b"\n".join(lines))
     exact, fast, built = both(path, {"t": ["c_int64"]})
     assert fast == exact and built == 1
+
+
+def test_a_transaction_order_beyond_bigint_goes_the_exact_way(tmp_path):
+    """``total_order`` is carried as bigint; a larger one (msgspec reads up to
+    2^64-1) is the exact decoder's, which quarantines it naming the field,
+    not a failed task (the nemesis' hostile kind)."""
+    columns = [("c_int64", "int64", False)]
+    schema_bytes = orjson.dumps(envelope(columns))
+    source = {"connector": "postgresql", "db": "d", "schema": "public", "table": "t", "lsn": 100, "ts_ms": 1, "txId": 5}
+    lines = [
+        line_of(
+            schema_bytes,
+            {"before": None, "after": {"c_int64": i}, "op": "c", "source": source, "transaction": {"id": "5:1", "total_order": order}},
+            "none",
+        )
+        for i, order in enumerate([1, 2**63, 2**64 - 1, 2])
+    ]
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    exact, fast, built = both(path, {"t": ["c_int64"]})
+    assert fast == exact and built == 1  # the first line meets the schema: exact too

@@ -323,6 +323,20 @@ def test_transaction_event_counter_breaks_ties_at_one_change_sequence() -> None:
     assert [e.after["v"] for e in sorted([later, earlier], key=lambda e: e.position)] == ["first", "second"]
 
 
+def test_a_transaction_event_counter_beyond_bigint_is_quarantined_naming_it() -> None:
+    """The counter is the event's place in its transaction (a bigint in the
+    canonical model): 2^63 is a damaged message, not a decode task that dies
+    building its Arrow columns (found by the nemesis' hostile kind)."""
+    out = run(
+        meta(BASIC),
+        data({"id": 1, "v": "a"}, "INSERT", seq=3, transactionEventCounter=2**63),
+        data({"id": 2, "v": "b"}, "INSERT", seq=4, transactionEventCounter=2**63 - 1),
+    )
+    bad, good = out[1:]
+    assert isinstance(bad, Quarantined) and "headers.transactionEventCounter 9223372036854775808 is out of range" in bad.reason
+    assert isinstance(good, ChangeEvent) and good.tx_order == good.tx_total == 2**63 - 1
+
+
 def test_change_id_pairs_the_halves_of_a_key_change_only() -> None:
     seq = "2026010100000000" + f"{9:019d}"
     out = run(

@@ -76,6 +76,7 @@ from cdc_apply.model import (
     canonical_value,
     decimal_type,
     timestamp_text,
+    transaction_count,
 )
 
 PLACEHOLDER = "__debezium_unavailable_value"
@@ -126,7 +127,7 @@ def transaction_of(payload: dict[str, Any]) -> tuple[str | None, int | None]:
     tx = payload.get("transaction")
     if not isinstance(tx, dict) or tx.get("id") is None or tx.get("total_order") is None:
         return None, None
-    return str(tx["id"]), as_int(tx["total_order"], "transaction.total_order")
+    return str(tx["id"]), transaction_count(as_int(tx["total_order"], "transaction.total_order"), "transaction.total_order")
 
 
 def as_int(value: Any, what: str) -> int:
@@ -888,7 +889,7 @@ class DebeziumDecoder(Decoder):
                     msg.line,
                     detail=f"{p.get('status')} {p.get('id')}",
                     tx_group=None if p.get("id") is None else self.transaction_group(str(p["id"])),
-                    tx_total=as_int(p["event_count"], "event_count") if end else None,
+                    tx_total=transaction_count(as_int(p["event_count"], "event_count"), "event_count") if end else None,
                 )
             ]
         if kind == "schema-change":

@@ -475,6 +475,10 @@ def _out_rows(fast: FastPostgres, pend: Pending) -> tuple[dict[str, pa.Array] | 
     tx_orders = [None if t is None or order_at is None else getattr(t, f"f{order_at}") for t in transactions]
     tx_group = [None if i is None or o is None else pg_transaction_group(str(i)) for i, o in zip(tx_ids, tx_orders, strict=True)]
     tx_order = [None if g is None else o for g, o in zip(tx_group, tx_orders, strict=True)]
+    wide = [o is not None and not 0 <= o <= INT_RANGES["bigint"][1] for o in tx_order]
+    if any(wide):  # not a transaction count (model.transaction_count): the exact decoder's
+        bad |= np.array(wide)
+        tx_order = [None if w else o for o, w in zip(tx_order, wide, strict=True)]
     ts_ns, ts_us, ts_ms = (_field(srcs, s, f) for f in ("ts_ns", "ts_us", "ts_ms"))
     commit = [
         ns // 1000 if ns is not None else us if us is not None else ms * 1000 if ms is not None else None

@@ -106,6 +106,7 @@ from cdc_apply.model import (
     epoch_micros,
     pad_decimal,
     parse_iso_datetime,
+    transaction_count,
 )
 
 MAGIC = "atMSG"
@@ -491,6 +492,8 @@ class QlikDecoder(Decoder):
         last = _opt_bool(headers.get("transactionLastEvent"), "headers.transactionLastEvent")
         whole = tx_id is not None and counter is not None and last is not None and op is not Op.READ
         tx_group = tx_id if whole else None
+        if whole and counter is not None:
+            transaction_count(counter, "headers.transactionEventCounter")
         tx_total = counter if whole and last else None
         ts_text = _opt_str(headers.get("timestamp"), "headers.timestamp")
         commit_ts_us = None

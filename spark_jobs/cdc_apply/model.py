@@ -331,6 +331,19 @@ def epoch_micros(value: dt.datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+TIMESTAMP_MICROS = (-62135596800000000, 253402300799999999)
+"""Microseconds since the epoch of 0001-01-01 and 9999-12-31 23:59:59.999999 UTC: Spark's timestamp range."""
+
+
+def commit_micros(n: int, what: str) -> int:
+    """A commit time in microseconds as the model carries it: outside
+    Spark's timestamp range the message is damaged (DecodeError, naming the
+    field), not a decode task that dies building its Arrow columns."""
+    if not TIMESTAMP_MICROS[0] <= n <= TIMESTAMP_MICROS[1]:
+        raise DecodeError(f"{what} gives a commit time outside 0001-01-01..9999-12-31 ({n} µs since the epoch)")
+    return n
+
+
 def transaction_count(n: int, what: str) -> int:
     """An event's place in its transaction, or a transaction's event count, as
     the canonical model carries them (bigint): a message's number outside

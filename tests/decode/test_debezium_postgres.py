@@ -229,6 +229,24 @@ def test_a_transaction_order_or_count_outside_bigint_is_quarantined_naming_it(or
     assert len(bad) == 1 and f"{field} {order if order != 1 else count} is out of range" in bad[0].reason, out
 
 
+@pytest.mark.parametrize("field,value", [("ts_ms", 10**300), ("ts_us", 2**63), ("ts_ns", -(10**30)), ("ts_ms", 253402300800000)])
+def test_a_commit_time_outside_the_timestamp_range_is_quarantined_naming_it(field, value) -> None:
+    """A commit time beyond what a timestamp holds (0001..9999) is a damaged
+    message, quarantined naming its field; before, the decode task died
+    building its Arrow columns (the nemesis' hostile kind, seed 20,
+    Debezium SQL Server, ``source.ts_ms`` of 301 digits)."""
+    from cdc_apply.decode.base import decode_all
+    from cdc_apply.model import Quarantined
+
+    create = json.loads((CASES / "debezium_postgres" / "03_create.repaired.json").read_text())
+    source = create.get("payload", create)["source"]
+    for f in ("ts_ns", "ts_us", "ts_ms"):
+        source.pop(f, None)
+    source[field] = value
+    [out] = decode_all(DebeziumPostgresDecoder(DecodeContext()), [RawMessage("f", 1, json.dumps(create))])
+    assert isinstance(out, Quarantined) and f"source.{field} gives a commit time outside 0001-01-01..9999-12-31" in out.reason
+
+
 # --------------------------------------------------------------------------
 # Logical types
 

@@ -377,3 +377,19 @@ def test_a_transaction_order_beyond_bigint_goes_the_exact_way(tmp_path):
     path.write_bytes(b"\n".join(lines))
     exact, fast, built = both(path, {"t": ["c_int64"]})
     assert fast == exact and built == 1  # the first line meets the schema: exact too
+
+
+def test_a_commit_time_beyond_the_timestamp_range_goes_the_exact_way(tmp_path):
+    """A ``ts_ms`` whose micros leave Spark's timestamp range is the exact
+    decoder's, which quarantines it naming the field, not a failed task."""
+    columns = [("c_int64", "int64", False)]
+    schema_bytes = orjson.dumps(envelope(columns))
+    source = {"connector": "postgresql", "db": "d", "schema": "public", "table": "t", "lsn": 100, "txId": 5}
+    lines = [
+        line_of(schema_bytes, {"before": None, "after": {"c_int64": i}, "op": "c", "source": {**source, "ts_ms": ms}}, "none")
+        for i, ms in enumerate([1, 2**63 - 1, 253402300800000, 2])
+    ]
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    exact, fast, built = both(path, {"t": ["c_int64"]})
+    assert fast == exact and built == 1  # the first line meets the schema: exact too

@@ -74,6 +74,7 @@ from cdc_apply.model import (
     RawMessage,
     Skipped,
     canonical_value,
+    commit_micros,
     decimal_type,
     timestamp_text,
     transaction_count,
@@ -147,11 +148,11 @@ def as_int(value: Any, what: str) -> int:
 def commit_ts_us(source: dict[str, Any]) -> int | None:
     """Commit time in micros from the most precise of source.ts_ns/ts_us/ts_ms."""
     if source.get("ts_ns") is not None:
-        return as_int(source["ts_ns"], "source.ts_ns") // 1000
+        return commit_micros(as_int(source["ts_ns"], "source.ts_ns") // 1000, "source.ts_ns")
     if source.get("ts_us") is not None:
-        return as_int(source["ts_us"], "source.ts_us")
+        return commit_micros(as_int(source["ts_us"], "source.ts_us"), "source.ts_us")
     if source.get("ts_ms") is not None:
-        return as_int(source["ts_ms"], "source.ts_ms") * 1000
+        return commit_micros(as_int(source["ts_ms"], "source.ts_ms") * 1000, "source.ts_ms")
     return None
 
 

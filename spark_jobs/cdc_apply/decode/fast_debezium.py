@@ -47,7 +47,7 @@ from cdc_apply.decode.debezium_common import (
     json_text,
 )
 from cdc_apply.decode.debezium_postgres import SNAPSHOT_PHASES, DebeziumPostgresDecoder, parse_sequence, pg_transaction_group
-from cdc_apply.model import INT_RANGES, DecodeError, Outcome, Quarantined, RawMessage
+from cdc_apply.model import INT_RANGES, TIMESTAMP_MICROS, DecodeError, Outcome, Quarantined, RawMessage
 
 HEAD, PAYLOAD_KEY = b'{"schema":', b',"payload":'
 FAST_OPS = frozenset({"c", "u", "d", "r"})  # 't' and 'm' are the exact decoder's
@@ -484,6 +484,10 @@ def _out_rows(fast: FastPostgres, pend: Pending) -> tuple[dict[str, pa.Array] | 
         ns // 1000 if ns is not None else us if us is not None else ms * 1000 if ms is not None else None
         for ns, us, ms in zip(ts_ns, ts_us, ts_ms, strict=True)
     ]
+    late = [c is not None and not TIMESTAMP_MICROS[0] <= c <= TIMESTAMP_MICROS[1] for c in commit]
+    if any(late):  # not a commit time (model.commit_micros): the exact decoder's
+        bad |= np.array(late)
+        commit = [None if w else c for c, w in zip(commit, late, strict=True)]
 
     names = pa.array(plan.names, pa.string())
     before_map = before_img.maps(n, before_at, names)

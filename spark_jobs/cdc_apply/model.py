@@ -344,12 +344,16 @@ def commit_micros(n: int, what: str) -> int:
     return n
 
 
+TRANSACTION_COUNTS = (0, INT_RANGES["bigint"][1])
+"""What ``transaction_count`` accepts: the canonical model's bigint, not below zero."""
+
+
 def transaction_count(n: int, what: str) -> int:
     """An event's place in its transaction, or a transaction's event count, as
     the canonical model carries them (bigint): a message's number outside
     0..2^63-1 is a damaged message (DecodeError, naming the field), not a
     batch that dies building its columns."""
-    if not 0 <= n <= INT_RANGES["bigint"][1]:
+    if not TRANSACTION_COUNTS[0] <= n <= TRANSACTION_COUNTS[1]:
         raise DecodeError(f"{what} {n} is out of range for a transaction count (0 to 2^63-1)")
     return n
 

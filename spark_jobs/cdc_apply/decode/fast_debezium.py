@@ -47,7 +47,7 @@ from cdc_apply.decode.debezium_common import (
     json_text,
 )
 from cdc_apply.decode.debezium_postgres import SNAPSHOT_PHASES, DebeziumPostgresDecoder, parse_sequence, pg_transaction_group
-from cdc_apply.model import INT_RANGES, TIMESTAMP_MICROS, DecodeError, Outcome, Quarantined, RawMessage
+from cdc_apply.model import INT_RANGES, TIMESTAMP_MICROS, TRANSACTION_COUNTS, DecodeError, Outcome, Quarantined, RawMessage
 
 HEAD, PAYLOAD_KEY = b'{"schema":', b',"payload":'
 FAST_OPS = frozenset({"c", "u", "d", "r"})  # 't' and 'm' are the exact decoder's
@@ -193,6 +193,18 @@ class Pending:
         self.where: list[tuple[str, int, bytes | str, int, int]] = []  # file, line, buffer, start, end
 
 
+def _exact_outside(values: list[Any], bounds: tuple[int, int], bad: np.ndarray, fill: Any = None) -> list[Any]:
+    """Lines whose value lies outside ``bounds`` (inclusive) are the exact
+    decoder's, which refuses them naming the field: marked in ``bad`` (in
+    place), their value replaced by ``fill`` so the column still builds."""
+    lo, hi = bounds
+    outside = [v is not None and not lo <= v <= hi for v in values]
+    if not any(outside):
+        return values
+    bad |= np.array(outside)
+    return [fill if o else v for v, o in zip(values, outside, strict=True)]
+
+
 def _field(objs: list[Any], index: dict[str, int], name: str) -> list[Any]:
     """One field of every Struct, by JSON name (None where the schema has none)."""
     i = index.get(name)
@@ -307,7 +319,7 @@ def _conv_decimal(vals: list[Any], spec: Any) -> tuple[pa.Array, np.ndarray | No
     return text, bad
 
 
-_MIN_US, _MAX_US = -62_135_596_800_000_000, 253_402_300_799_999_999  # datetime's 0001-01-01 .. 9999-12-31
+_MIN_US, _MAX_US = TIMESTAMP_MICROS  # datetime's 0001-01-01 .. 9999-12-31
 
 
 def _conv_timestamp(vals: list[Any], spec: Any) -> tuple[pa.Array, np.ndarray | None]:
@@ -458,10 +470,7 @@ def _out_rows(fast: FastPostgres, pend: Pending) -> tuple[dict[str, pa.Array] | 
             bad[at] |= ~has[image_of[at]]
 
     txs = _field(srcs, s, "txId")
-    big = [t is not None and not -(1 << 63) <= t < 1 << 63 for t in txs]
-    if any(big):  # beyond int64 (Arrow's): the exact decoder's
-        bad |= np.array(big)
-        txs = [0 if b else t for t, b in zip(txs, big, strict=True)]
+    txs = _exact_outside(txs, INT_RANGES["bigint"], bad, fill=0)  # beyond int64 (Arrow's)
     tx_text = pa.array(txs, pa.int64()).cast(pa.string())
     change_id = pc.binary_join_element_wise(lsn.cast(pa.string()), tx_text.fill_null(""), "|")
     if "r" in ops:
@@ -475,19 +484,13 @@ def _out_rows(fast: FastPostgres, pend: Pending) -> tuple[dict[str, pa.Array] | 
     tx_orders = [None if t is None or order_at is None else getattr(t, f"f{order_at}") for t in transactions]
     tx_group = [None if i is None or o is None else pg_transaction_group(str(i)) for i, o in zip(tx_ids, tx_orders, strict=True)]
     tx_order = [None if g is None else o for g, o in zip(tx_group, tx_orders, strict=True)]
-    wide = [o is not None and not 0 <= o <= INT_RANGES["bigint"][1] for o in tx_order]
-    if any(wide):  # not a transaction count (model.transaction_count): the exact decoder's
-        bad |= np.array(wide)
-        tx_order = [None if w else o for o, w in zip(tx_order, wide, strict=True)]
+    tx_order = _exact_outside(tx_order, TRANSACTION_COUNTS, bad)  # model.transaction_count
     ts_ns, ts_us, ts_ms = (_field(srcs, s, f) for f in ("ts_ns", "ts_us", "ts_ms"))
     commit = [
         ns // 1000 if ns is not None else us if us is not None else ms * 1000 if ms is not None else None
         for ns, us, ms in zip(ts_ns, ts_us, ts_ms, strict=True)
     ]
-    late = [c is not None and not TIMESTAMP_MICROS[0] <= c <= TIMESTAMP_MICROS[1] for c in commit]
-    if any(late):  # not a commit time (model.commit_micros): the exact decoder's
-        bad |= np.array(late)
-        commit = [None if w else c for c, w in zip(commit, late, strict=True)]
+    commit = _exact_outside(commit, TIMESTAMP_MICROS, bad)  # model.commit_micros
 
     names = pa.array(plan.names, pa.string())
     before_map = before_img.maps(n, before_at, names)

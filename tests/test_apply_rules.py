@@ -711,3 +711,56 @@ def test_a_foreign_commit_between_a_runs_writes_fails_it_as_concurrent(spark, se
     assert r2.status == "complete", r2.message
     assert rows(spark, settings, ns) == {"1": ("b", "1.00"), "2": ("n", "2.00")}
     assert spark.table(f"{settings.catalog_name}.{ns}.items").count() == 2
+
+
+def _partial_rows_property(spark, settings, ns):
+    return spark.sql(f"SHOW TBLPROPERTIES {settings.catalog_name}.{ns}.items ('cdc.partial-rows')").collect()[0]["value"]
+
+
+def test_the_key_change_refresh_runs_only_once_a_table_may_hold_partial_rows(spark, settings, ns):
+    """Only a row with inherited or never-set columns can take a key change's
+    old key's values later (merge.refresh_inherited): a table of full images
+    never pays its scans; the first partial row marks the table before it is
+    written, and from then on every batch with tombstones refreshes."""
+    full = [
+        event("c", 7, {"name": "big", "amount": "1.00"}, pos=1),
+        event("c", 8, {"name": "small", "amount": "2.00"}, pos=2),
+        *_moved(8, 108, {"name": "small", "amount": "2.50"}, pos=3),  # both halves full
+        event("d", 7, pos=4),
+    ]
+    r = apply_events(spark, settings, ns, full)
+    assert r.status == "complete", r.message
+    assert "key_changes_refreshed" not in r.tables[0].counts
+    assert _partial_rows_property(spark, settings, ns) == "false"
+    moved = _moved(108, 208, {"amount": "3.00"}, pos=6)  # name left out: 208 inherits it, a partial row
+    late = [event("u", 108, {"name": "smaller", "amount": "2.75"}, pos=5)]  # the old key's last value, delivered late
+    batches = [full, moved, late]
+    r = apply_events(spark, settings, ns, moved)
+    assert r.status == "complete", r.message
+    assert _partial_rows_property(spark, settings, ns) == "true"
+    r = apply_events(spark, settings, ns, late)
+    assert r.status == "complete", r.message
+    assert r.tables[0].counts["key_changes_refreshed"] == 1
+    check_model(spark, settings, ns, batches)
+    assert rows(spark, settings, ns) == {"208": ("smaller", "3.00")}
+
+
+def _truncate(pos):
+    t = event("t", 0, pos=pos)
+    t.key_columns, t.after, t.before = [], {}, None
+    return t
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["truncate-in-the-batch", "truncate-in-an-earlier-batch"])
+def test_a_key_change_inherits_nothing_from_events_a_truncate_emptied(spark, settings, ns, late):
+    """Found by the property test (reference model): the insert half of a key
+    change took the old key's values from an event older than a truncate
+    between them, instead of keeping the new key's own."""
+    old = event("c", 2, {"name": "gone", "amount": "9.00"}, pos=6)
+    rest = [event("u", 3, {"amount": "5.00"}, pos=12), *_moved(2, 3, {}, pos=13)]  # the insert carries the key only
+    batches = [[old, _truncate(11), *rest]] if not late else [[_truncate(11)], [old, *rest]]
+    for b in batches:
+        r = apply_events(spark, settings, ns, b)
+        assert r.status == "complete", r.message
+    check_model(spark, settings, ns, batches)
+    assert rows(spark, settings, ns) == {"3": (None, "5.00")}

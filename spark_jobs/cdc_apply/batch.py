@@ -192,7 +192,11 @@ def apply_decoded(
             if hold is None:
                 return result
             decoded = transactions.hold(spark, decoded, hold)
+        t0 = time.perf_counter()
         status_counts = _count_messages(decoded, result)
+        log.info(
+            "batch %s: %d message(s) decoded and counted in %.1f s", result.batch_id, result.messages["read"], time.perf_counter() - t0
+        )
         _refuse_config(source, status_counts, decoded)
         _carry_held(decoded, result, state, files)
         if not dry_run and result.messages.get("quarantined", 0):
@@ -618,7 +622,8 @@ def validate_batch(settings: Settings, result: BatchResult, spark: SparkSession 
                 if tr.branch_snapshot is None
                 else read_snapshot(spark, spec, tr.branch_snapshot)
             )
-            gx_result = gate.run_gx(settings, branch_df, tr.table, tr.key_columns, result.id)
+            with tr.timed("gate"):
+                gx_result = gate.run_gx(settings, branch_df, tr.table, tr.key_columns, result.id)
         except Exception as exc:  # GX or Spark broke, or another run took the branch: not a data verdict, may be retried
             log.exception("validation of %s failed to run", tr.table)
             tr.status, tr.terminal = Status.FAILED, False
@@ -628,7 +633,7 @@ def validate_batch(settings: Settings, result: BatchResult, spark: SparkSession 
             )
             continue
         tr.data_docs = gx_result.data_docs
-        log.info("%s: data docs %s", tr.table, gx_result.data_docs)
+        log.info("%s: data docs %s (gate %.1f s)", tr.table, gx_result.data_docs, tr.seconds["gate"])
         failed = tr.failed_expectations + gx_result.failed
         tr.failed_expectations = failed
         if failed and override is not None and override.action == "force":

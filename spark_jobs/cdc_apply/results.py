@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +78,20 @@ class TableResult:
     changelog_snapshot: int | None = None  # its branch head, published before the table
     history: str | None = None  # the table's SCD2 history written on the same audit branch (apply/history.py)
     history_snapshot: int | None = None  # its branch head, published after the change log, before the table
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Wall seconds of this table's phases (change log, label, merge, reconcile, gate, ...): where a slow batch went."""
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the wall time of the block to ``seconds[phase]``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = round(self.seconds.get(phase, 0.0) + time.perf_counter() - t0, 3)
+
+    def describe_seconds(self) -> str:
+        return ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
 
     @property
     def audit_branch(self) -> str:

@@ -204,7 +204,13 @@ class Inherited(NamedTuple):
 
 
 def inherit_moved_columns(
-    prepared: DataFrame, stored: DataFrame, key_cols: list[str], columns: dict[str, str], *, batch_deletes: bool = True
+    prepared: DataFrame,
+    stored: DataFrame,
+    key_cols: list[str],
+    columns: dict[str, str],
+    *,
+    batch_deletes: bool = True,
+    truncated_at: str | None = None,
 ) -> Inherited:
     """The insert half of a primary-key change inherits what it does not carry.
 
@@ -218,6 +224,10 @@ def inherit_moved_columns(
     when the delete half came in an earlier batch, from the old key's
     tombstone, which keeps the state just before its delete (``_cdc_deleted_by``
     names the delete's change).
+
+    An event older than the truncate watermark ``truncated_at`` is no state
+    to inherit: the truncate emptied the old key after it (the labelling
+    supersedes such events; the stored rows are already gone).
 
     Returns ``prepared`` with the inserts' ``_cdc_after`` completed and
     ``_cdc_inh`` naming the inherited columns (-> the insert's position, so
@@ -268,7 +278,7 @@ def inherit_moved_columns(
             return Inherited(unchanged, partial.select("_m_cid").limit(0), [])
         found = pairs.select("_m_cid").unionByName(by_tomb.select("_m_cid")).persist()
         found.count()
-        completed, cached = _inherit(prepared, stored, pairs, by_tomb, key_cols, columns)
+        completed, cached = _inherit(prepared, stored, pairs, by_tomb, key_cols, columns, truncated_at)
         pairs.unpersist()
         by_tomb.unpersist()
         return Inherited(completed, found, [cached])
@@ -282,7 +292,13 @@ def _row_data(columns: dict[str, str]) -> Column:
 
 
 def _inherit(
-    prepared: DataFrame, stored: DataFrame, pairs: DataFrame, by_tomb: DataFrame, key_cols: list[str], columns: dict[str, str]
+    prepared: DataFrame,
+    stored: DataFrame,
+    pairs: DataFrame,
+    by_tomb: DataFrame,
+    key_cols: list[str],
+    columns: dict[str, str],
+    truncated_at: str | None,
 ) -> tuple[DataFrame, DataFrame]:
     """Complete the paired inserts' ``_cdc_after`` (see inherit_moved_columns);
     also returns the frame checkpointed under the result.  Long because the
@@ -326,7 +342,10 @@ def _inherit(
     completed: DataFrame = original
     cached: DataFrame | None = None
     for _ in range(MAX_KEY_CHANGE_CHAIN + 1):
-        from_batch = completed.join(pb, on).where(F.col(META_POS) < F.col("_m_pos")).select("_m_file", "_m_line", event.alias("e"))
+        earlier = F.col(META_POS) < F.col("_m_pos")
+        if truncated_at is not None:  # the truncate emptied the old key after those
+            earlier = earlier & (F.col(META_POS) >= F.lit(truncated_at))
+        from_batch = completed.join(pb, on).where(earlier).select("_m_file", "_m_line", event.alias("e"))
         inherited = (
             from_batch.unionByName(from_table)
             .unionByName(from_tomb)
@@ -535,14 +554,19 @@ class Accounting(NamedTuple):
     the MERGE to prune the target's files (merge.key_range_condition)"""
     new_keys: int
     """net changes of keys the branch holds neither as a row nor as a tombstone"""
+    partial_rows: int = 0
+    """net changes that write a row with inherited or never-set columns (``_writes_partial_row``)"""
 
 
-def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], width: int | None = None) -> Accounting:
+def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], columns: list[str] | None = None) -> Accounting:
     """Counts per bucket (every event is in exactly one), the batch's position
     range and the events without a key value, in two Spark jobs.  With the
-    table's ``width`` (columns), also ``partial_inserts``: inserts that leave
+    table's ``columns``, also ``partial_inserts``: inserts that leave
     columns out and inherited nothing (the delete half of their primary-key
-    change is not in this batch), so those columns stay NULL."""
+    change is not in this batch), so those columns stay NULL; and
+    ``partial_rows`` (tables.PARTIAL_ROWS_PROPERTY)."""
+    width = len(columns) if columns else 0
+    data_cols = [c for c in columns or [] if c not in key_cols]
     per_label = (
         labelled.groupBy("_cdc_label")
         .agg(
@@ -550,7 +574,7 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], widt
             F.min(META_POS).alias("lo"),
             F.max(META_POS).alias("hi"),
             F.count(F.when(null_key_filter(key_cols), 1)).alias("null_keys"),
-            F.count(F.when((F.col("_cdc_op") == "c") & (F.size("_cdc_after") < (width or 0)), 1)).alias("partial_inserts"),
+            F.count(F.when((F.col("_cdc_op") == "c") & (F.size("_cdc_after") < width), 1)).alias("partial_inserts"),
         )
         .collect()
     )
@@ -567,6 +591,7 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], widt
         F.sum(F.col("_cdc_events") - 1).alias("compacted"),
         F.count(F.lit(1)).alias("keys"),
         F.count(F.when(F.col("_cdc_stored_pos").isNull(), 1)).alias("_new_keys"),
+        F.count(F.when(_writes_partial_row(data_cols), 1)).alias("_partial_rows"),
         *[F.min(F.when(stored, F.col(quote(k)))).alias(f"_lo{i}") for i, k in enumerate(key_cols)],
         *[F.max(F.when(stored, F.col(quote(k)))).alias(f"_hi{i}") for i, k in enumerate(key_cols)],
     ).collect()[0]
@@ -574,7 +599,7 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], widt
     counts = {k: int(agg[k] or 0) for k in ("inserted", "updated", "deleted", "noop_deletes", "filled", "compacted", "keys")}
     counts["duplicates"] = int(by_label.get(DUPLICATE, 0))
     counts["conflicts"] = int(by_label.get(CONFLICT, 0))
-    if width:
+    if columns:
         counts["partial_inserts"] = sum(int(r["partial_inserts"]) for r in per_label if r["_cdc_label"] == APPLY)
     # folded-away events were superseded by a later event of their key in this batch
     counts["superseded"] = int(by_label.get(SUPERSEDED, 0)) + counts.pop("compacted")
@@ -582,4 +607,18 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], widt
     final = counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop_deletes"] + counts["filled"]
     if not null_keys and applied_events != final + (counts["superseded"] - int(by_label.get(SUPERSEDED, 0))):
         raise AssertionError(f"accounting does not add up: {applied_events} events vs {counts}")
-    return Accounting(counts, min(lows, default=None), max(highs, default=None), null_keys, key_ranges, int(agg["_new_keys"]))
+    return Accounting(
+        counts, min(lows, default=None), max(highs, default=None), null_keys, key_ranges, int(agg["_new_keys"]), int(agg["_partial_rows"])
+    )
+
+
+def _writes_partial_row(data_cols: list[str]) -> Column:
+    """A net change whose written row has inherited columns, or a column at
+    ``NEVER_SET``: a new row (``merge.new_col_pos``) missing a data column
+    with no delete of its key in the batch.  A stored row's columns keep
+    their stored positions or take the batch's, never ``NEVER_SET``."""
+    inherited = F.size(F.coalesce(F.col("_cdc_inh"), F.create_map().cast("map<string,string>"))) > 0
+    if not data_cols:
+        return inherited
+    carried = F.size(F.array_intersect(F.map_keys("_cdc_vals"), F.array(*[F.lit(c) for c in data_cols])))
+    return inherited | (F.col("_cdc_stored_pos").isNull() & F.col("_cdc_delpos").isNull() & (carried < len(data_cols)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,7 +91,7 @@ def apply_table(work: TableWork, events: DataFrame, meta: Any, target: str | Non
 
 
 def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr: TableResult) -> None:
-    spark = work.spark
+    spark, started = work.spark, time.perf_counter()
     if meta["untyped"]:
         refuse_untyped(spark, work.settings, work.source, meta, events)
     spec = table_spec(spark, work.settings, work.source, meta, target)
@@ -120,6 +121,7 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
         tr.counts = {"events": ev.count()}
         return
     tr.schema_changes += _create_or_evolve(work, spec, exists, meta)
+    tr.seconds["setup"] = round(time.perf_counter() - started, 3)
     truncs: Any
     if partly:  # some files were applied to this table already: count the rest
         truncs = ev.agg(
@@ -132,10 +134,13 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
     watermark = work.source_state.setdefault(TRUNCATES_KEY, {}).get(_table_key(meta))
     truncated_at = max([p for p in (truncs["p"], led.truncated_at if led else None, watermark) if p], default=None)
     if work.source.changelog:
-        tr.changelog, tr.changelog_snapshot = changelog.write(work, spec, ev, new_files) or (None, None)
+        with tr.timed("changelog"):
+            tr.changelog, tr.changelog_snapshot = changelog.write(work, spec, ev, new_files) or (None, None)
     if work.source.lookup(work.source.history, meta["database"], meta["schema_name"], meta["table_name"]):
-        tr.history, tr.history_snapshot = history.write(work, spec, new_files, tr.changelog_snapshot) or (None, None)
+        with tr.timed("history"):
+            tr.history, tr.history_snapshot = history.write(work, spec, new_files, tr.changelog_snapshot) or (None, None)
     _write(work, spec, ev.where("op <> 't'"), meta, truncs, truncated_at, new_files, tr, led)
+    log.info("%s: written (%s)", spec.identifier, tr.describe_seconds())
 
 
 def _table_key(meta: Any) -> str:
@@ -199,21 +204,29 @@ def _write(
         start_snapshot = branches.branch_snapshot(spark, spec, branch)
     # a primary-key change is a delete and an insert sharing a change_id; its
     # delete half may be in this batch or, as a tombstone, in the table
-    moved = compact.inherit_moved_columns(
-        prepared, branches.read_branch(spark, spec, branch), spec.key_columns, spec.columns, batch_deletes=bool(meta["keyed_deletes"])
-    )
+    with tr.timed("key_changes"):
+        moved = compact.inherit_moved_columns(
+            prepared,
+            branches.read_branch(spark, spec, branch),
+            spec.key_columns,
+            spec.columns,
+            batch_deletes=bool(meta["keyed_deletes"]),
+            truncated_at=truncated_at,
+        )
     prepared = moved.events
     labelled = compact.label_duplicates(prepared, spec.key_columns)
     state = branches.read_branch(spark, spec, branch).select(
         *[compact.quote(k) for k in spec.key_columns], "_cdc_position", "_cdc_deleted", "_cdc_col_pos"
     )
-    base_live = branches.read_branch(spark, spec, branch).where("NOT _cdc_deleted").count()
+    with tr.timed("live_rows"):
+        base_live = branches.read_branch(spark, spec, branch).where("NOT _cdc_deleted").count()
     n_events = int(meta["n"])
     prune = n_events <= PRUNE_STATE_MAX_EVENTS and n_events * PRUNE_STATE_MIN_RATIO <= base_live
     labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at, prune_state=prune).persist()
     folded = compact.fold_per_key(labelled, spec.key_columns).persist()
     try:
-        acc = compact.accounting(labelled, folded, spec.key_columns, len(spec.columns))
+        with tr.timed("label"):
+            acc = compact.accounting(labelled, folded, spec.key_columns, list(spec.columns))
         counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
         if acc.null_keys:  # rare: quarantine them, apply the rest (a missing key never blocks the source)
             keyless = _quarantine_keyless(work, spec, rows)
@@ -224,7 +237,7 @@ def _write(
                 compact.label_duplicates(prepared, spec.key_columns), state, spec.key_columns, truncated_at, prune_state=prune
             ).persist()
             folded = compact.fold_per_key(labelled, spec.key_columns).persist()
-            acc = compact.accounting(labelled, folded, spec.key_columns, len(spec.columns))
+            acc = compact.accounting(labelled, folded, spec.key_columns, list(spec.columns))
             counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
             counts["quarantined"] = keyless
             if keyless > work.source.quarantine_max_share * n_events:
@@ -232,7 +245,8 @@ def _write(
                     f"null_key_share(max={work.source.quarantine_max_share}, got={keyless / n_events:.4f}, events={keyless})"
                 )
         counts["truncates"] = int(truncs["n"])
-        counts["key_changes_inherited"] = moved.pairs.count()
+        with tr.timed("key_changes"):
+            counts["key_changes_inherited"] = moved.pairs.count()
         if counts.get("partial_inserts"):
             log.warning(
                 "%s: %d insert(s) leave columns out and the delete half of their primary-key change has not arrived: "
@@ -251,22 +265,30 @@ def _write(
         props.update(ledger.watermark_properties(prior, tr.position_max, truncs["ts"]))  # what as-of reads (asof.py)
         props[branches.ATTEMPT_PROPERTY] = attempt
         stored_keys = counts["keys"] - acc.new_keys
+        properties = tables.table_properties(spark, spec.identifier)
         if work.source.merge_mode == "auto" and stored_keys:
-            _choose_merge_mode(spark, spec, stored_keys, base_live)
+            _choose_merge_mode(spark, spec, stored_keys, base_live, properties)
+        if acc.partial_rows:
+            for change in tables.mark_partial_rows(spark, spec.identifier, properties):
+                log.info("%s: %s (%d net change(s) write a row with inherited or unset columns)", spec.identifier, change, acc.partial_rows)
+        # only a row with inherited or never-set columns can take an old key's values (merge.refresh_inherited)
+        refresh = tables.may_hold_partial_rows(properties) or acc.partial_rows > 0
         with branches.snapshot_properties(spark, props):
             source_df = compact.merge_source(folded, spec.key_columns, spec.columns)
-            merge.merge_changes(
-                spark,
-                spec,
-                branch,
-                source_df,
-                work.batch_id,
-                acc.key_ranges,
-                new_keys=acc.new_keys,
-                stored_keys=stored_keys,
-            )
-            if counts["deleted"] + counts["noop_deletes"] + counts["filled"]:  # tombstones written or filled
-                counts["key_changes_refreshed"] = merge.refresh_inherited(spark, spec, branch, work.batch_id)
+            with tr.timed("merge"):
+                merge.merge_changes(
+                    spark,
+                    spec,
+                    branch,
+                    source_df,
+                    work.batch_id,
+                    acc.key_ranges,
+                    new_keys=acc.new_keys,
+                    stored_keys=stored_keys,
+                )
+            if refresh and counts["deleted"] + counts["noop_deletes"] + counts["filled"]:  # tombstones written or filled
+                with tr.timed("key_change_refresh"):
+                    counts["key_changes_refreshed"] = merge.refresh_inherited(spark, spec, branch, work.batch_id)
             # a net change always commits (a stored key's has another position than the
             # stored row: it matches; a new key's is appended); none: the ledger alone
             if not counts["keys"] or truncs["n"]:
@@ -275,9 +297,10 @@ def _write(
         tr.branch_snapshot = branches.own_head(spark, spec, branch, attempt, work.batch_id, start_snapshot)
         tr.key_columns = spec.key_columns
         # reconciliation needs the folded batch: computed now, judged by the gate
-        tr.failed_expectations += gate.reconcile(
-            read_snapshot(spark, spec, tr.branch_snapshot), base_live, folded, spec.key_columns, counts, main_df
-        )
+        with tr.timed("reconcile"):
+            tr.failed_expectations += gate.reconcile(
+                read_snapshot(spark, spec, tr.branch_snapshot), base_live, folded, spec.key_columns, counts, main_df
+            )
         tr.status = Status.WRITTEN
     finally:
         labelled.unpersist()
@@ -285,12 +308,12 @@ def _write(
         moved.release()
 
 
-def _choose_merge_mode(spark: SparkSession, spec: tables.TableSpec, stored_keys: int, table_rows: int) -> None:
+def _choose_merge_mode(spark: SparkSession, spec: tables.TableSpec, stored_keys: int, table_rows: int, properties: dict[str, str]) -> None:
     """``merge_mode: auto``: set the table's ``write.merge.mode`` for this
     batch's MERGE (Iceberg reads it from the table properties only; a
     metadata-only commit, made only when the mode changes)."""
     mode = tables.auto_merge_mode(stored_keys, table_rows)
-    for change in tables.keep_merge_mode(spark, spec.identifier, mode):
+    for change in tables.keep_merge_mode(spark, spec.identifier, mode, properties):
         log.info("%s: %s (auto: %d stored key(s) of %d live rows)", spec.identifier, change, stored_keys, table_rows)
 
 

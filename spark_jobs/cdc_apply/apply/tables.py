@@ -70,6 +70,15 @@ two source tables never share one target (``check_source_table``)."""
 COMPLETE_PROPERTY = "cdc.created"
 """Set by the last step of :func:`create_table`: a table without it was
 left half-made (a kill during creation) and is finished by the next run."""
+PARTIAL_ROWS_PROPERTY = "cdc.partial-rows"
+"""``false`` from creation until a batch writes a row with a column no event
+set or with columns inherited in a primary-key change (``_cdc_col_pos`` at
+``NEVER_SET``, ``_cdc_inherited``); then ``true`` for good (set before that
+batch writes, so a batch that fails later leaves it ``true``: safe).  Only
+such rows can take values from a key change's old key later
+(``merge.refresh_inherited``), so while it is ``false`` that refresh, two
+scans of the table, is not needed.  A table created before the property
+existed lacks it and is refreshed as before."""
 
 
 def sql_string(text: str) -> str:
@@ -200,7 +209,13 @@ def create_table(spark: SparkSession, spec: TableSpec, source: str, merge_mode: 
     is idempotent and :data:`COMPLETE_PROPERTY` is set last."""
     cols = [f"{quote(c)} {t}{' NOT NULL' if c in spec.key_columns else ''}" for c, t in spec.columns.items()]
     cols += [f"{c} {t}{' NOT NULL' if c == '_cdc_position' else ''}" for c, t in META_COLUMNS.items()]
-    props = {"format-version": "2", "write.wap.enabled": "true", PRIMARY_KEY_PROPERTY: encode_key(spec.key_columns), "cdc.source": source}
+    props = {
+        "format-version": "2",
+        "write.wap.enabled": "true",
+        PRIMARY_KEY_PROPERTY: encode_key(spec.key_columns),
+        "cdc.source": source,
+        PARTIAL_ROWS_PROPERTY: "false",
+    }
     if merge_mode:
         props["write.merge.mode"] = merge_mode
     if identity:
@@ -247,6 +262,21 @@ MERGE_ON_READ_MAX_SHARE = 0.001
 most this share of the table's live rows (bench/README.md, issue 20 step 4)."""
 
 
+def may_hold_partial_rows(properties: dict[str, str]) -> bool:
+    """Whether a table (its properties) may hold rows a key change's old key
+    can still fill (:data:`PARTIAL_ROWS_PROPERTY`; absent: it may)."""
+    return properties.get(PARTIAL_ROWS_PROPERTY) != "false"
+
+
+def mark_partial_rows(spark: SparkSession, identifier: str, properties: dict[str, str]) -> list[str]:
+    """Record that the table may hold partial rows from now on (before the
+    batch that writes the first one); returns the change made, for the report."""
+    if properties.get(PARTIAL_ROWS_PROPERTY) in (None, "true"):
+        return []
+    spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({sql_string(PARTIAL_ROWS_PROPERTY)}='true')")
+    return [f"{PARTIAL_ROWS_PROPERTY} false -> true"]
+
+
 def auto_merge_mode(stored_keys: int, table_rows: int) -> str:
     """The cheaper write for this batch.  Copy-on-write rewrites every data
     file holding one of the batch's stored keys: a few keys scattered over a
@@ -256,10 +286,11 @@ def auto_merge_mode(stored_keys: int, table_rows: int) -> str:
     return "merge-on-read" if stored_keys <= table_rows * MERGE_ON_READ_MAX_SHARE else "copy-on-write"
 
 
-def keep_merge_mode(spark: SparkSession, identifier: str, mode: str) -> list[str]:
+def keep_merge_mode(spark: SparkSession, identifier: str, mode: str, properties: dict[str, str] | None = None) -> list[str]:
     """Set ``write.merge.mode`` when the table's differs from the source's
-    (config.MERGE_MODES, validated); returns the change made, for the report."""
-    have = merge_mode(spark, identifier)
+    (config.MERGE_MODES, validated); returns the change made, for the report.
+    ``properties``: the table's, when the caller has read them."""
+    have = (properties if properties is not None else table_properties(spark, identifier)).get("write.merge.mode", "copy-on-write")
     if have == mode:
         return []
     spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ('write.merge.mode'={sql_string(mode)})")

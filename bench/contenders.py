@@ -577,9 +577,11 @@ def spark_submit_job(
     source: str, paths: list[str], workdir: Path, master: str, tag: str, *, sample_rss: bool = True, driver_memory: str | None = None
 ) -> dict[str, Any]:
     """``spark-submit spark_jobs/apply_batch.py apply --source S --files-from M``
-    exactly as the DAG's ``apply`` task runs it (conf / jars / py-files from
-    ``submit_spec()``, manifest written as discovery writes it); wall time
-    of the whole submit, and peak RSS of its process tree."""
+    as the DAG's ``apply`` task runs it (conf / jars / py-files from
+    ``submit_spec()``, manifest written as discovery writes it): the write
+    and the gate in one job, as the DAG's ``--stage write+validate``, plus
+    the publish and finish the DAG runs as pyiceberg tasks without Spark;
+    wall time of the whole submit, and peak RSS of its process tree."""
     s = submit_spec(Settings.from_env(), os.environ)
     manifest = workdir / f"{tag}_files.json"
     manifest.write_text(json.dumps(wl.manifest_entries(paths), indent=1))

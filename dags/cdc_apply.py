@@ -2,10 +2,11 @@
 
 turn (wait while another run applies the source: a backfill beside the hourly
 runs, a manual trigger) -> discover (files of the interval not yet applied) -> apply (Spark: decode once,
-order, compact, MERGE onto an audit branch per table) -> per table, mapped:
-validate (Spark: Great Expectations + CDC reconciliation on the branch) ->
-publish (fast-forward main, emit the table's Asset) -> finish (ledger) ->
-report.  A data failure fails its task without retry, and only its table;
+order, compact, MERGE onto an audit branch per table, then the gate — Great
+Expectations + CDC reconciliation on each branch — in the same warm session) ->
+per table, mapped: validate (reports the table's gate verdict; a retry or a
+cleared task runs the gate again in its own Spark job) -> publish (fast-forward
+main, emit the table's Asset) -> finish (ledger) -> report.  A data failure fails its task without retry, and only its table;
 main is untouched until publish.  Orchestration only: the work lives in
 spark_jobs/cdc_apply and plugins/cdc_airflow.
 """

@@ -190,6 +190,37 @@ def test_finish_twice_records_the_batch_once(spark, settings, tmp_path, monkeypa
     assert [row["status"] for row in _batch_rows(settings, "finish2", res["batch_id"])] == ["complete"]
 
 
+def test_the_write_job_runs_the_gate_and_the_validate_stage_keeps_its_verdict(spark, settings, tmp_path, monkeypatch, capsys):
+    """``--stage write+validate`` (the DAG's apply job): the gate runs in the
+    write job's session; a table that fails it ends failed with its verdict,
+    the job still exits 0 (the table's validate task reports it), and a later
+    validate stage leaves the verdict as it is; the passing table publishes."""
+    src = "gated"
+    _sources(tmp_path, monkeypatch, src, "      customers: {primary_key: [id]}\n      orders: {primary_key: [id]}\n")
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / f"{src}.customers.json").write_text(
+        json.dumps({"expectations": [{"type": "expect_column_values_to_be_between", "kwargs": {"column": "id", "min_value": 5}}]})
+    )
+    monkeypatch.setenv("CDC_EXPECTATIONS_DIR", str(suites))
+    _file(tmp_path / "arch", 0, [_msg("public", "customers", 1, 100), _msg("public", "orders", 2, 101)])
+    r = str(tmp_path / "run" / "result.json")
+    code, res = _apply(capsys, "--source", src, "--dir", str(tmp_path / "arch"), "--stage", "write+validate", "--result-file", r)
+    assert code == 0, res
+    by_table = {t["table"].rsplit(".", 1)[1]: t for t in res["tables"]}
+    assert by_table["customers"]["status"] == "failed" and by_table["customers"]["gate"] == "failed", by_table
+    assert "GateFailed" in by_table["customers"]["message"] and by_table["customers"]["terminal"]
+    assert by_table["orders"]["status"] == "validated" and by_table["orders"]["gate"] == "passed"
+    assert by_table["customers"]["seconds"]["reconcile"] >= 0 and "gate" in by_table["orders"]["seconds"]
+    for name, status in (("customers", "failed"), ("orders", "validated")):
+        code, tres = _apply(capsys, "--stage", "validate", "--result-file", r, "--table", by_table[name]["table"])
+        assert tres["status"] == status and code == (2 if status == "failed" else 0), tres
+    code, res = _apply(capsys, "--stage", "publish", "--result-file", r)
+    assert code != 0 and res["status"] == "failed"
+    assert _live(spark, by_table["orders"]["table"]) == {2}
+    assert not spark.sql(f"SELECT * FROM {by_table['customers']['table']}").collect()  # main untouched
+
+
 @pytest.mark.parametrize("retried", ["publish", "finish"])
 def test_a_publish_that_died_after_its_fast_forward_is_recognised(spark, settings, tmp_path, monkeypatch, capsys, retried):
     from cdc_apply import ledger

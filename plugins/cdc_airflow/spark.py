@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 APPLICATION = str(PROJECT_ROOT / "spark_jobs" / "apply_batch.py")
@@ -47,6 +47,8 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
             save_result(self.result_file, BatchResult(batch_id=None, source=source, status="nothing-to-do", message="no pending files"))
             self.log.info("no pending files for source %s: nothing to submit", source)
             return {"batch_id": None, "status": "nothing-to-do", "messages": {}, "tables": []}
+        if self._gate_ran_in_write_job(context):
+            return self._report(context, self._result() or {})
         remote = self._spark_connect_url()
         try:
             if remote:
@@ -69,16 +71,45 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
         except Exception:
             result = self._result()
             if result and result.get("status") == "failed" and _terminal(result):
-                from cdc_airflow.guidance import next_steps
-
-                source = context["params"].get("source", "")
-                steps = next_steps(source, result.get("batch_id"))
-                self.log.error("terminal failure, not retried: %s", result.get("message"))
-                self.log.error("%s", steps)
                 # from None: the provider's error repeats the job's output (logged above) and hides the next step
-                raise AirflowFailException(f"terminal failure, not retried: {result.get('message')}\n{steps}") from None
+                raise self._terminal_failure(context, result) from None
             raise
-        result = self._result() or {}
+        return self._report(context, self._result() or {})
+
+    def _gate_ran_in_write_job(self, context: Any) -> bool:
+        """A table's validate task, first try: the write job ran the gate in
+        its warm session (``--stage write+validate``), so its verdict is
+        reported without starting Spark again.  A retry or a cleared task runs
+        the gate again (a suite fixed meanwhile is read)."""
+        if not (self.table and self.result_file and Path(self.result_file).is_file()):
+            return False
+        ti = context.get("ti")
+        if ti is not None and int(getattr(ti, "try_number", 1) or 1) > 1:
+            return False
+        from cdc_apply.results import load_result, save_table_result
+
+        tr = load_result(self.result_file).table(self.table)
+        if tr.gate is None:
+            return False
+        save_table_result(self.result_file, tr)  # what this stage's job would have written
+        self.log.info("the gate of %s ran in the write job: %s", self.table, tr.gate)
+        return True
+
+    def _terminal_failure(self, context: Any, result: dict[str, Any]) -> AirflowFailException:
+        from cdc_airflow.guidance import next_steps
+
+        steps = next_steps(context["params"].get("source", ""), result.get("batch_id"))
+        self.log.error("terminal failure, not retried: %s", result.get("message"))
+        self.log.error("%s", steps)
+        return AirflowFailException(f"terminal failure, not retried: {result.get('message')}\n{steps}")
+
+    def _report(self, context: Any, result: dict[str, Any]) -> Any:
+        """The task's return value from the job's result (a table's failed
+        gate verdict, reported without a job, fails the task terminally)."""
+        if self.table and result.get("status") == "failed":
+            if _terminal(result):
+                raise self._terminal_failure(context, result)
+            raise AirflowException(f"{self.table}: {result.get('message')}")
         self._log_result(result)
         if self.table:
             return {k: result.get(k) for k in ("table", "status", "counts", "failed_expectations", "data_docs", "override")}
@@ -118,8 +149,6 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
         server: no JVM to start, the server's is warm.  Same arguments, exit
         codes and result file as the spark-submit job."""
         import dataclasses
-
-        from airflow.sdk.exceptions import AirflowException
 
         from cdc_apply.cli import main
         from cdc_apply.config import Settings

@@ -122,7 +122,7 @@ def _discover(
     out = settings.home / "runs" / safe_run
     manifest = write_manifest(out / "files.json", files)
     result_file = str(out / "result.json")
-    write_args = ["apply", "--stage", "write", "--source", source, "--files-from", str(manifest), "--result-file", result_file]
+    write_args = ["apply", "--stage", "write+validate", "--source", source, "--files-from", str(manifest), "--result-file", result_file]
     if table_filter:
         write_args.append(f"--table-filter={table_filter}")
     if dry_run:
@@ -142,12 +142,14 @@ def _discover(
 
 
 def written_tables(result_file: str) -> list[str]:
-    """The tables the write stage left on audit branches: the gate's fan-out."""
+    """The tables the write stage left on audit branches, and those whose
+    gate it ran (each validate task reports its table's verdict): the
+    gate's fan-out."""
     from cdc_apply.results import load_result
 
     if not Path(result_file).exists():
         return []
-    return [t.table for t in load_result(result_file).tables if t.status == "written"]
+    return [t.table for t in load_result(result_file).tables if t.status == "written" or t.gate]
 
 
 def publish_table(result_file: str, table: str, outlet_events=None) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def run_batch(
     apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter)
     if not dry_run:
         if "validate" in stages and result.pending(Status.WRITTEN):
-            validate_batch(settings, result, spark)
+            validate_batch(settings, result, spark, in_write_job="publish" not in stages)
         if "publish" in stages:
             publish_batch(settings, result)
             finish_batch(settings, result)
@@ -601,10 +601,14 @@ def _write_quarantine(spark: SparkSession, target: str, rows: DataFrame, batch_i
         spark.catalog.dropTempView(view)
 
 
-def validate_batch(settings: Settings, result: BatchResult, spark: SparkSession | None = None, table: str | None = None) -> BatchResult:
+def validate_batch(
+    settings: Settings, result: BatchResult, spark: SparkSession | None = None, table: str | None = None, *, in_write_job: bool = False
+) -> BatchResult:
     """The gate: GX suites (generated + user) and the write stage's
     reconciliation, on each written table's audit branch (or only ``table``'s).
-    An operator's *force* override lets failed checks through, logged."""
+    An operator's *force* override lets failed checks through, logged.
+    ``in_write_job``: run by the write job in its warm session; a gate that
+    cannot run leaves its table written, for the validate stage to retry."""
     from cdc_apply.runtime.session import get_spark
 
     result.stage = "validate"
@@ -626,6 +630,8 @@ def validate_batch(settings: Settings, result: BatchResult, spark: SparkSession 
                 gx_result = gate.run_gx(settings, branch_df, tr.table, tr.key_columns, result.id)
         except Exception as exc:  # GX or Spark broke, or another run took the branch: not a data verdict, may be retried
             log.exception("validation of %s failed to run", tr.table)
+            if in_write_job:  # the validate stage runs it again, in its own job
+                continue
             tr.status, tr.terminal = Status.FAILED, False
             tr.message = (
                 concurrent_apply_message(exc, tr.table, result.batch_id, tr.branch or "")
@@ -636,6 +642,7 @@ def validate_batch(settings: Settings, result: BatchResult, spark: SparkSession 
         log.info("%s: data docs %s (gate %.1f s)", tr.table, gx_result.data_docs, tr.seconds["gate"])
         failed = tr.failed_expectations + gx_result.failed
         tr.failed_expectations = failed
+        tr.gate = "forced" if failed and override is not None and override.action == "force" else "failed" if failed else "passed"
         if failed and override is not None and override.action == "force":
             tr.status = Status.VALIDATED
             tr.override = f"{override.describe()}; failed checks let through: {failed}"

@@ -37,9 +37,11 @@ def _ts(text: str | None) -> dt.datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
-def _emit(result: BatchResult, result_file: str | None, next_status: str | None = None) -> int:
+def _emit(result: BatchResult, result_file: str | None, next_status: str | None = None, *, gated: bool = False) -> int:
     """Exit 0 while some table can go on to the next stage (``next_status``),
-    so one table's failure does not stop the others; the last stage reports it."""
+    so one table's failure does not stop the others; the last stage reports it.
+    ``gated``: a table that failed the gate goes on too (its validate task
+    reports the verdict)."""
     from cdc_apply.results import save_result
 
     print(
@@ -47,7 +49,10 @@ def _emit(result: BatchResult, result_file: str | None, next_status: str | None 
     )  # one line in a task log
     if result_file:
         save_result(result_file, result)
-    if result.status == Status.FAILED and not (next_status and result.pending(next_status)):
+    goes_on = bool(next_status and result.pending(next_status)) or (
+        gated and any(t.gate or t.status == Status.VALIDATED for t in result.tables)
+    )
+    if result.status == Status.FAILED and not goes_on:
         return EXIT_TERMINAL if result.terminal else 1
     return 0
 
@@ -99,7 +104,7 @@ def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
         files = read_manifest(args.files_from)
     else:  # --dir: the same rules as the source's own archive folder
         files = pending_files(settings, source, root=Path(args.dir) if args.dir else None, since=_ts(args.since), until=_ts(args.until))
-    stages = ("write", "validate", "publish") if args.stage == "all" else ("write",)
+    stages = {"all": ("write", "validate", "publish"), "write+validate": ("write", "validate")}.get(args.stage, ("write",))
     result = run_batch(
         settings,
         source.name,
@@ -110,6 +115,8 @@ def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
         stages=stages,
         override=override,
     )
+    if args.stage == "write+validate":  # each table's verdict is its validate task's to report
+        return _emit(result, args.result_file, Status.WRITTEN, gated=True)
     return _emit(result, args.result_file, Status.WRITTEN if args.stage == "write" else None)
 
 
@@ -243,10 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--source")
     a.add_argument(
         "--stage",
-        choices=["all", "write", "validate", "publish", "finish"],
+        choices=["all", "write", "write+validate", "validate", "publish", "finish"],
         default="all",
-        help="write: decode and MERGE onto audit branches; validate: the gate; publish: fast-forward main; "
-        "finish: record the ledger (publish without --table finishes too); default: all",
+        help="write: decode and MERGE onto audit branches; write+validate: then the gate, in the same Spark job (as the DAG "
+        "runs it); validate: the gate; publish: fast-forward main; finish: record the ledger (publish without --table "
+        "finishes too); default: all",
     )
     a.add_argument("--table", help="validate / publish only this table (catalog.namespace.table), as the DAG's mapped tasks do")
     a.add_argument("--dir", help="apply the files of this directory instead of the source's archive folder")

@@ -78,6 +78,10 @@ class TableResult:
     changelog_snapshot: int | None = None  # its branch head, published before the table
     history: str | None = None  # the table's SCD2 history written on the same audit branch (apply/history.py)
     history_snapshot: int | None = None  # its branch head, published after the change log, before the table
+    gate: str | None = None
+    """The gate's verdict once it ran (``passed`` / ``failed`` / ``forced``): the
+    write job may run it (``--stage write+validate``), and the DAG's validate
+    task then reports it instead of starting Spark again."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Wall seconds of this table's phases (change log, label, merge, reconcile, gate, ...): where a slow batch went."""
 

@@ -641,20 +641,19 @@ def validate_batch(
         log.info("%s: data docs %s (gate %.1f s)", tr.table, gx_result.data_docs, tr.seconds["gate"])
         failed = tr.failed_expectations + gx_result.failed
         tr.failed_expectations = failed
-        tr.gate = "forced" if failed and override is not None and override.action == "force" else "failed" if failed else "passed"
         if failed and override is not None and override.action == "force":
-            tr.status = Status.VALIDATED
+            tr.status, tr.gate = Status.VALIDATED, "forced"
             tr.override = f"{override.describe()}; failed checks let through: {failed}"
             log.warning("%s: %s", tr.table, tr.override)
         elif failed:
-            tr.status, tr.terminal = Status.FAILED, True
+            tr.status, tr.terminal, tr.gate = Status.FAILED, True, "failed"
             tr.message = (
                 f"GateFailed: batch {result.batch_id} failed {len(failed)} check(s): {failed}; main is untouched, "
                 f"inspect branch '{tr.branch}' (SELECT * FROM {tr.table} VERSION AS OF '{tr.branch}'), data docs {tr.data_docs}"
             )
             log.error("%s: %s", tr.table, tr.message)
         else:
-            tr.status = Status.VALIDATED
+            tr.status, tr.gate = Status.VALIDATED, "passed"
     result.fail_if_any()
     return result
 

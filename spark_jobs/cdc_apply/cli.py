@@ -49,9 +49,7 @@ def _emit(result: BatchResult, result_file: str | None, next_status: str | None 
     )  # one line in a task log
     if result_file:
         save_result(result_file, result)
-    goes_on = bool(next_status and result.pending(next_status)) or (
-        gated and any(t.gate or t.status == Status.VALIDATED for t in result.tables)
-    )
+    goes_on = bool(next_status and result.pending(next_status)) or (gated and any(t.gate for t in result.tables))
     if result.status == Status.FAILED and not goes_on:
         return EXIT_TERMINAL if result.terminal else 1
     return 0

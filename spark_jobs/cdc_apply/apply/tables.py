@@ -252,9 +252,10 @@ def table_properties(spark: SparkSession, identifier: str) -> dict[str, str]:
     return {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
 
 
-def merge_mode(spark: SparkSession, identifier: str) -> str:
-    """The table's ``write.merge.mode`` (Iceberg's default: copy-on-write)."""
-    return table_properties(spark, identifier).get("write.merge.mode", "copy-on-write")
+def merge_mode(spark: SparkSession, identifier: str, properties: dict[str, str] | None = None) -> str:
+    """The table's ``write.merge.mode`` (Iceberg's default: copy-on-write);
+    ``properties``: the table's, when the caller has read them."""
+    return (properties if properties is not None else table_properties(spark, identifier)).get("write.merge.mode", "copy-on-write")
 
 
 MERGE_ON_READ_MAX_SHARE = 0.001
@@ -288,9 +289,8 @@ def auto_merge_mode(stored_keys: int, table_rows: int) -> str:
 
 def keep_merge_mode(spark: SparkSession, identifier: str, mode: str, properties: dict[str, str] | None = None) -> list[str]:
     """Set ``write.merge.mode`` when the table's differs from the source's
-    (config.MERGE_MODES, validated); returns the change made, for the report.
-    ``properties``: the table's, when the caller has read them."""
-    have = (properties if properties is not None else table_properties(spark, identifier)).get("write.merge.mode", "copy-on-write")
+    (config.MERGE_MODES, validated); returns the change made, for the report."""
+    have = merge_mode(spark, identifier, properties)
     if have == mode:
         return []
     spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ('write.merge.mode'={sql_string(mode)})")

@@ -45,9 +45,10 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
 
-    @task.sensor(poke_interval=20, timeout=6 * 3600, mode="reschedule", retries=0)
+    @task.sensor(poke_interval=20, timeout=6 * 3600, mode="reschedule")
     def turn(params=None, dag_run=None, ti=None):
-        """One run applies a source at a time (cdc_airflow/lease.py); waits without holding a worker slot."""
+        """One run applies a source at a time (cdc_airflow/lease.py); waits without holding a worker slot.
+        Retried like any task (a try the executor loses must not fail the run); its timeout is not retried."""
         from cdc_airflow.tasks import take_turn
 
         return take_turn(params["source"], dag_run.dag_id, dag_run.run_id, ti)

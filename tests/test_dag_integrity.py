@@ -43,8 +43,8 @@ def test_cdc_apply_shape(dagbag):
     assert down["finish"] == {"report"}
     assert dag.task_dict["finish"].trigger_rule == "all_done"  # the ledger records failed attempts too
     assert [o.name for o in dag.task_dict["table.publish"].outlets] == ["cdc_tables"]  # the table assets' alias
-    for task in dag.tasks:  # the turn sensor waits by rescheduling (its timeout is the limit), not by retrying
-        assert task.retries >= 1 or task.task_id == "turn", task.task_id
+    for task in dag.tasks:  # the turn sensor too: a try the executor loses must not fail the run (its timeout is never retried)
+        assert task.retries >= 1, task.task_id
     assert dag.task_dict["report"].trigger_rule == "all_done"  # it gives the source's turn back, whatever happened
     # topological sort raises on cycles
     assert next(t.task_id for t in dag.topological_sort()) == "turn"

@@ -64,7 +64,9 @@ def failed_run(ui):
             break
         time.sleep(2)
     run = ui.wait(runs[0]["dag_run_id"])
-    assert run["state"] == "failed", run
+    tis = ui.task_instances(run["dag_run_id"])
+    states = {f"{t}[{i}]": (ti["state"], ti["try_number"]) for (t, i), ti in sorted(tis.items())}
+    assert run["state"] == "failed" and ("table.validate", 0) in tis, f"{run}\ntask states (state, tries): {states}\n{ui.sa.tail()}"
     return run
 
 

@@ -223,3 +223,32 @@ def test_reconciliation_names_what_is_wrong(spark, case):
     counts = {"inserted": 0, "deleted": 1, "keys": len(folded_rows)}
     failed = gate.reconcile(branch, 3, folded, ["id"], counts, main)
     assert sorted(f.split("(")[0] for f in failed) == expected, failed
+
+
+def test_great_expectations_is_imported_beside_the_write_and_a_job_ending_first_waits_for_it():
+    """A fresh interpreter, as a spark-submit job starts: the preload imports
+    GX on a thread of its own while the main thread goes on, and an exit
+    before the gate waits for the import instead of tearing it down."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, threading\n"
+        "from cdc_apply.apply import gate\n"
+        "assert 'great_expectations' not in sys.modules\n"
+        "gate.preload_great_expectations()\n"
+        "t = next(t for t in threading.enumerate() if t.name == 'preload-great-expectations')\n"
+        "assert not t.daemon and 'great_expectations.expectations.registry' not in sys.modules\n"
+        "import atexit\n"
+        "atexit.register(lambda: print('loaded' if 'great_expectations.expectations.registry' in sys.modules else 'missing'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_job_env())
+    assert done.returncode == 0 and done.stdout.strip() == "loaded", done.stderr
+
+
+def _job_env() -> dict[str, str]:
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "spark_jobs"), os.environ.get("PYTHONPATH", "")])}

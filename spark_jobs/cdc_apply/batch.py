@@ -113,16 +113,11 @@ def run_batch(
     from cdc_apply.runtime.session import get_spark
 
     spark = spark or get_spark(settings)
-    state = ledger.Ledger(settings).latest_decoder_state(source.name)
-    ctx = DecodeContext(
-        source=source.name, primary_keys=source.primary_keys, state=state, options=source.decode_options(), declared_types=source.columns
-    )
-    if source.format in ("debezium_postgres", "debezium_sqlserver"):  # they type schemaless messages by the stored tables
-        t0 = time.time()
-        ctx.stored_types = tables.stored_column_types(spark, settings.catalog_name, source.namespace)
-        log.info("batch %s: column types of %d stored table(s) read in %.2f s", batch_id, len(ctx.stored_types), time.time() - t0)
+    if "validate" in stages and not dry_run:
+        gate.preload_great_expectations()
+    ctx = _decode_context(spark, settings, source, batch_id)
     decoded, new_state = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
-    new_state = {**state, **new_state}
+    new_state = {**ctx.state, **new_state}
     apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter)
     if not dry_run:
         if "validate" in stages and result.pending(Status.WRITTEN):
@@ -152,6 +147,21 @@ def skip_batch(settings: Settings, source: SourceConfig, result: BatchResult, *,
         led.record_batch(result)
     log.warning("batch %s: %s", result.batch_id, result.message)
     return result
+
+
+def _decode_context(spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str) -> DecodeContext:
+    """What the decoders know before the batch: the source's decoder state
+    from the ledger, its options and declared types, and (Debezium) the
+    stored tables' column types that schemaless messages are typed by."""
+    state = ledger.Ledger(settings).latest_decoder_state(source.name)
+    ctx = DecodeContext(
+        source=source.name, primary_keys=source.primary_keys, state=state, options=source.decode_options(), declared_types=source.columns
+    )
+    if source.format in ("debezium_postgres", "debezium_sqlserver"):
+        t0 = time.time()
+        ctx.stored_types = tables.stored_column_types(spark, settings.catalog_name, source.namespace)
+        log.info("batch %s: column types of %d stored table(s) read in %.2f s", batch_id, len(ctx.stored_types), time.time() - t0)
+    return ctx
 
 
 def apply_decoded(

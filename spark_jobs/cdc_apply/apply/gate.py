@@ -180,6 +180,7 @@ def _rows(cond: Column) -> Column:
 def reconcile(
     branch: DataFrame,
     base_live: int,
+    live_after: int,
     folded: DataFrame,
     key_columns: list[str],
     counts: dict[str, int],
@@ -187,11 +188,11 @@ def reconcile(
 ) -> list[str]:
     """CDC reconciliation of the batch; returns the names of failed checks.
 
-    Only the live-row count reads the whole branch (one boolean column); the
-    other checks join the batch's keys (broadcast while they are few enough)
-    with the branch and ``main``, so they cost what the batch costs."""
+    ``base_live`` and ``live_after``: the live rows before and after the batch,
+    counted (the caller's: a count of the whole table, each kept for the next
+    batch); the other checks join the batch's keys (broadcast while they are
+    few enough) with the branch and ``main``, so they cost what the batch costs."""
     failed = []
-    live_after = branch.where(~F.col("_cdc_deleted")).count()
     expected = base_live + counts["inserted"] - counts["deleted"]
     if live_after != expected:
         failed.append(f"reconcile_live_row_count(expected={expected}, got={live_after})")

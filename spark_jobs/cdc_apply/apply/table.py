@@ -218,8 +218,12 @@ def _write(
     state = branches.read_branch(spark, spec, branch).select(
         *[compact.quote(k) for k in spec.key_columns], "_cdc_position", "_cdc_deleted", "_cdc_col_pos"
     )
-    with tr.timed("live_rows"):
-        base_live = branches.read_branch(spark, spec, branch).where("NOT _cdc_deleted").count()
+    properties = tables.table_properties(spark, spec.identifier)
+    # the live rows as the last batch's reconciliation counted them, when this batch starts from its snapshot
+    base_live = None if truncs["n"] else tables.counted_live_rows(properties, start_snapshot)
+    if base_live is None:
+        with tr.timed("live_rows"):
+            base_live = branches.read_branch(spark, spec, branch).where("NOT _cdc_deleted").count()
     n_events = int(meta["n"])
     prune = n_events <= PRUNE_STATE_MAX_EVENTS and n_events * PRUNE_STATE_MIN_RATIO <= base_live
     labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at, prune_state=prune).persist()
@@ -265,7 +269,6 @@ def _write(
         props.update(ledger.watermark_properties(prior, tr.position_max, truncs["ts"]))  # what as-of reads (asof.py)
         props[branches.ATTEMPT_PROPERTY] = attempt
         stored_keys = counts["keys"] - acc.new_keys
-        properties = tables.table_properties(spark, spec.identifier)
         if work.source.merge_mode == "auto" and stored_keys:
             _choose_merge_mode(spark, spec, stored_keys, base_live, properties)
         if acc.partial_rows:
@@ -298,14 +301,24 @@ def _write(
         tr.key_columns = spec.key_columns
         # reconciliation needs the folded batch: computed now, judged by the gate
         with tr.timed("reconcile"):
-            tr.failed_expectations += gate.reconcile(
-                read_snapshot(spark, spec, tr.branch_snapshot), base_live, folded, spec.key_columns, counts, main_df
-            )
+            written = read_snapshot(spark, spec, tr.branch_snapshot)
+            live_after = written.where("NOT _cdc_deleted").count()
+            tr.failed_expectations += gate.reconcile(written, base_live, live_after, folded, spec.key_columns, counts, main_df)
+            _keep_live_rows(spark, spec, tr.branch_snapshot, live_after)
         tr.status = Status.WRITTEN
     finally:
         labelled.unpersist()
         folded.unpersist()
         moved.release()
+
+
+def _keep_live_rows(spark: SparkSession, spec: tables.TableSpec, snapshot_id: int, n: int) -> None:
+    """Keep the counted live rows for the next batch; a failure costs that
+    batch a scan of the table, never this batch."""
+    try:
+        tables.record_live_rows(spark, spec.identifier, snapshot_id, n)
+    except Exception as exc:  # an optimisation only
+        log.warning("%s: live-row count not kept (the next batch counts them): %s", spec.identifier, str(exc).splitlines()[0])
 
 
 def _choose_merge_mode(spark: SparkSession, spec: tables.TableSpec, stored_keys: int, table_rows: int, properties: dict[str, str]) -> None:

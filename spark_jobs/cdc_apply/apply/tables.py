@@ -80,6 +80,13 @@ such rows can take values from a key change's old key later
 scans of the table, is not needed.  A table created before the property
 existed lacks it and is refreshed as before."""
 
+LIVE_ROWS_PROPERTY = "cdc.live-rows"
+"""``<snapshot id>:<n>``: the live rows of that snapshot (the head of the last
+audit branch written), as its reconciliation counted them.  The next batch
+cut from that snapshot takes its count before the batch from here instead of
+a scan of the table; a batch cut from any other snapshot (a compaction, a
+truncate, another writer since) scans as before."""
+
 
 def sql_string(text: str) -> str:
     """``text`` as a Spark SQL string literal (quotes and backslashes escaped):
@@ -276,6 +283,20 @@ def mark_partial_rows(spark: SparkSession, identifier: str, properties: dict[str
         return []
     spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({sql_string(PARTIAL_ROWS_PROPERTY)}='true')")
     return [f"{PARTIAL_ROWS_PROPERTY} false -> true"]
+
+
+def counted_live_rows(properties: dict[str, str], snapshot_id: int | None) -> int | None:
+    """The live rows of ``snapshot_id`` as the last reconciliation counted them
+    (:data:`LIVE_ROWS_PROPERTY`); None when it counted another snapshot."""
+    snapshot, _, n = properties.get(LIVE_ROWS_PROPERTY, "").partition(":")
+    return int(n) if snapshot_id is not None and snapshot == str(snapshot_id) and n.isdigit() else None
+
+
+def record_live_rows(spark: SparkSession, identifier: str, snapshot_id: int, n: int) -> None:
+    """Keep a counted ``n`` live rows of ``snapshot_id`` for the next batch
+    (a metadata-only commit: table properties, no snapshot)."""
+    value = sql_string(f"{snapshot_id}:{n}")
+    spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({sql_string(LIVE_ROWS_PROPERTY)}={value})")
 
 
 def auto_merge_mode(stored_keys: int, table_rows: int) -> str:

@@ -45,7 +45,7 @@ class GateResult:
 
 
 def preload_great_expectations() -> None:
-    """Start importing Great Expectations on a daemon thread.
+    """Start importing Great Expectations on a thread of its own.
 
     Its import is ~2.5 s of pure Python, a tenth of an hourly job; the driver
     spends most of a batch waiting on the JVM with the GIL released, so the

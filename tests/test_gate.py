@@ -229,8 +229,10 @@ def test_great_expectations_is_imported_beside_the_write_and_a_job_ending_first_
     """A fresh interpreter, as a spark-submit job starts: the preload imports
     GX on a thread of its own while the main thread goes on, and an exit
     before the gate waits for the import instead of tearing it down."""
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
     code = (
         "import sys, threading\n"
@@ -242,16 +244,10 @@ def test_great_expectations_is_imported_beside_the_write_and_a_job_ending_first_
         "import atexit\n"
         "atexit.register(lambda: print('loaded' if 'great_expectations.expectations.registry' in sys.modules else 'missing'))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_job_env())
+    spark_jobs = str(Path(__file__).resolve().parents[1] / "spark_jobs")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([spark_jobs, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "loaded", done.stderr
-
-
-def _job_env() -> dict[str, str]:
-    import os
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "spark_jobs"), os.environ.get("PYTHONPATH", "")])}
 
 
 def test_the_live_rows_before_a_batch_are_the_ones_the_last_reconciliation_counted(spark, settings, ns):

@@ -257,6 +257,55 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
     assert "BETWEEN" not in merge.merge_sql(spec, "main", "_probe", "probe", None)
 
 
+def test_a_batch_whose_changes_win_every_column_merges_without_reading_the_stored_values(spark, settings, ns, monkeypatch):
+    """A batch in which every stored key's net change sets every column above
+    the stored row's position (full row images of updates) takes its rows
+    whole: under merge-on-read the MERGE reads the key and a few CDC columns
+    of the table, not the stored values nor ``_cdc_col_pos`` (copy-on-write
+    rewrites whole files anyway).  A batch with one change that leaves a
+    column out, or deletes a stored row (its tombstone keeps the stored
+    values), keeps the per-column MERGE.  A stored row that moved after the labelling fails
+    the MERGE instead of being overwritten."""
+    from cdc_apply.apply import merge, tables
+
+    seen = []
+    real = merge.merge_sql
+    monkeypatch.setattr(merge, "merge_sql", lambda *a, **kw: seen.append(kw.get("whole_rows", False)) or real(*a, **kw))
+    batches = [
+        [event("c", k, {"name": "a", "amount": "1.00"}, pos=k) for k in (1, 2, 3)],
+        [event("u", 1, {"name": "b", "amount": "2.00"}, pos=10), event("u", 3, {"name": "b", "amount": "2.00"}, pos=12)],
+        [event("u", 1, {"name": "c"}, pos=20), event("u", 3, {"name": "c", "amount": "3.00"}, pos=21)],  # key 1 partial
+        [event("d", 2, pos=25), event("u", 1, {"name": "d", "amount": "4.00"}, pos=30)],  # a tombstone keeps the stored values
+        [event("c", 2, {"name": "again", "amount": "5.00"}, pos=40)],  # over a tombstone
+    ]
+    for b in batches:
+        assert apply_events(spark, settings, ns, b).status == "complete"
+    assert seen == [True, False, False, True]
+    assert rows(spark, settings, ns) == {"1": ("d", "4.00"), "2": ("again", "5.00"), "3": ("c", "3.00")}
+    check_model(spark, settings, ns, batches)
+
+    ident = f"{settings.catalog_name}.{ns}.items"
+    spec = tables.TableSpec(identifier=ident, short=f"{ns}.items", key_columns=["id"], columns=COLS)
+    spark.sql(  # a net change of key 1 labelled against a stored row that is not the stored one now
+        "SELECT 1 AS id, 'x' AS name, CAST(9 AS decimal(10,2)) AS amount, array('name', 'amount') AS _cdc_present, 'upsert' AS _cdc_action, "
+        f"map('name', '{99:020d}', 'amount', '{99:020d}') AS _cdc_cpos, CAST(NULL AS string) AS _cdc_delpos, '{99:020d}' AS _cdc_pos, "
+        "'u' AS _cdc_op, current_timestamp() AS _cdc_commit_ts, CAST(NULL AS string) AS _cdc_tx_id, '99' AS _cdc_cid, "
+        f"cast(map() AS map<string,string>) AS _cdc_inh, CAST(NULL AS string) AS _cdc_endcid, '{10:020d}' AS _cdc_stored_pos"
+    ).createOrReplaceTempView("_probe")
+
+    spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('write.merge.mode'='merge-on-read')")  # copy-on-write reads whole files anyway
+
+    def target_scan(whole: bool) -> str:
+        plan = spark.sql("EXPLAIN " + real(spec, "main", "_probe", "probe", matched_only=True, whole_rows=whole)).collect()[0][0]
+        return next(line for line in plan.splitlines() if "BatchScan" in line and ident in line)
+
+    assert all(c in target_scan(False) for c in ("name", "amount", "_cdc_col_pos"))
+    assert not any(c in target_scan(True) for c in ("name", "amount", "_cdc_col_pos")), target_scan(True)
+    with pytest.raises(Exception, match="changed after its labelling"):
+        spark.sql(real(spec, "main", "_probe", "probe", matched_only=True, whole_rows=True))
+    assert rows(spark, settings, ns)["1"] == ("d", "4.00")
+
+
 def test_a_source_merge_mode_is_kept_on_its_tables(spark, settings, ns):
     """``merge_mode`` in sources.yaml sets ``write.merge.mode`` when a table is
     created and puts it back when it differs; left out (``auto``), each batch

@@ -556,6 +556,8 @@ class Accounting(NamedTuple):
     """net changes of keys the branch holds neither as a row nor as a tombstone"""
     partial_rows: int = 0
     """net changes that write a row with inherited or never-set columns (``_writes_partial_row``)"""
+    whole_rows: int = 0
+    """net changes of stored keys that win every column (``_replaces_stored_row``)"""
 
 
 def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], columns: list[str] | None = None) -> Accounting:
@@ -592,6 +594,7 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], colu
         F.count(F.lit(1)).alias("keys"),
         F.count(F.when(F.col("_cdc_stored_pos").isNull(), 1)).alias("_new_keys"),
         F.count(F.when(_writes_partial_row(data_cols), 1)).alias("_partial_rows"),
+        F.count(F.when(_replaces_stored_row(data_cols), 1)).alias("_whole_rows"),
         *[F.min(F.when(stored, F.col(quote(k)))).alias(f"_lo{i}") for i, k in enumerate(key_cols)],
         *[F.max(F.when(stored, F.col(quote(k)))).alias(f"_hi{i}") for i, k in enumerate(key_cols)],
     ).collect()[0]
@@ -608,7 +611,14 @@ def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], colu
     if not null_keys and applied_events != final + (counts["superseded"] - int(by_label.get(SUPERSEDED, 0))):
         raise AssertionError(f"accounting does not add up: {applied_events} events vs {counts}")
     return Accounting(
-        counts, min(lows, default=None), max(highs, default=None), null_keys, key_ranges, int(agg["_new_keys"]), int(agg["_partial_rows"])
+        counts,
+        min(lows, default=None),
+        max(highs, default=None),
+        null_keys,
+        key_ranges,
+        int(agg["_new_keys"]),
+        int(agg["_partial_rows"]),
+        int(agg["_whole_rows"]),
     )
 
 
@@ -622,3 +632,20 @@ def _writes_partial_row(data_cols: list[str]) -> Column:
         return inherited
     carried = F.size(F.array_intersect(F.map_keys("_cdc_vals"), F.array(*[F.lit(c) for c in data_cols])))
     return inherited | (F.col("_cdc_stored_pos").isNull() & F.col("_cdc_delpos").isNull() & (carried < len(data_cols)))
+
+
+def _replaces_stored_row(data_cols: list[str]) -> Column:
+    """A net change of a stored key (row or tombstone) that sets every data
+    column at a position above the stored row's: it wins each column's
+    contest in the MERGE (``merge.merge_sql``), since a stored column's
+    position is never above its row's (``_cdc_col_pos`` keeps only lower
+    ones).  The MERGE may then take the row whole from the batch without
+    reading the stored values (``whole_rows``).  Each column's batch
+    position is the MERGE's own (``merge._batch_pos``): the last event
+    carrying it, else the key's last delete."""
+    stored = F.col("_cdc_stored_pos")
+    wins = [stored.isNotNull(), F.col(META_POS) > stored]
+    for c in data_cols:
+        batch_pos = F.when(F.array_contains(F.map_keys("_cdc_vals"), c), F.col("_cdc_cpos")[c]).otherwise(F.col("_cdc_delpos"))
+        wins.append(F.coalesce(batch_pos > stored, F.lit(False)))
+    return functools.reduce(operator.and_, wins)

@@ -78,6 +78,7 @@ def merge_changes(
     *,
     new_keys: int | None = None,
     stored_keys: int | None = None,
+    whole_rows: bool = False,
 ) -> None:
     """Write the net changes ``source`` (compact.merge_source) onto the branch.
 
@@ -88,13 +89,16 @@ def merge_changes(
     ``key_ranges`` (theirs) prune the target's files — and the new keys are
     appended afterwards (``append_new_keys``): a commit that reads and
     rewrites no data file.  The MERGE goes first, so that it never reads the
-    appended files.  Without the counts: one MERGE of every key."""
+    appended files.  Without the counts: one MERGE of every key.
+    ``whole_rows``: every stored key's net change wins every column
+    (``compact.Accounting.whole_rows``), so the MERGE takes the rows whole
+    (``merge_sql``)."""
     if new_keys is None or stored_keys is None:
         _merge(spark, spec, branch, source, batch_id, key_ranges, matched_only=False)
         return
     stored = F.col("_cdc_stored_pos").isNotNull()
     if stored_keys:
-        _merge(spark, spec, branch, source.where(stored), batch_id, key_ranges, matched_only=True)
+        _merge(spark, spec, branch, source.where(stored), batch_id, key_ranges, matched_only=True, whole_rows=whole_rows)
     if new_keys:
         append_new_keys(spark, spec, branch, source.where(~stored), batch_id)
 
@@ -108,12 +112,13 @@ def _merge(
     key_ranges: dict[str, tuple] | None,
     *,
     matched_only: bool,
+    whole_rows: bool = False,
 ) -> None:
     run_with_view(
         spark,
         source,
         f"_cdc_src_{abs(hash((spec.identifier, batch_id)))}",
-        lambda view: merge_sql(spec, branch, view, batch_id, key_ranges, matched_only=matched_only),
+        lambda view: merge_sql(spec, branch, view, batch_id, key_ranges, matched_only=matched_only, whole_rows=whole_rows),
     )
 
 
@@ -167,7 +172,14 @@ def new_col_pos(data_cols: list[str], s: str) -> str:
 
 
 def merge_sql(
-    spec: TableSpec, branch: str, view: str, batch_id: str, key_ranges: dict[str, tuple] | None = None, *, matched_only: bool = False
+    spec: TableSpec,
+    branch: str,
+    view: str,
+    batch_id: str,
+    key_ranges: dict[str, tuple] | None = None,
+    *,
+    matched_only: bool = False,
+    whole_rows: bool = False,
 ) -> str:
     """The MERGE of the net changes in ``view`` (compact.merge_source) into the branch.
 
@@ -178,7 +190,15 @@ def merge_sql(
     its last delete of the key.  The higher one wins, so re-applying a batch
     changes nothing and a late event fills only what later events did not
     carry.  ``_cdc_col_pos`` keeps the columns set below the row's position.
-    Long because the per-column expressions and the CDC columns' rules
+
+    ``whole_rows`` (only with ``matched_only``): every net change in ``view``
+    wins every column over the stored row its labelling saw
+    (``_cdc_stored_pos``), so each column takes the batch's value and
+    position, and the statement reads none of the stored data columns nor
+    ``_cdc_col_pos``: merge-on-read then scans only the key and a few CDC
+    columns of the table.  A matched row at any other position than the
+    labelled one fails the statement (``raise_error``) instead of being
+    overwritten.  Long because the per-column expressions and the CDC columns' rules
     (life, inheritance, tombstone) are one statement's clauses."""
     on = " AND ".join([f"t.{quote(k)} = s.{quote(k)}" for k in spec.key_columns] + key_range_condition(spec, key_ranges))
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
@@ -206,6 +226,13 @@ def merge_sql(
     empty = "cast(map() AS map<string,string>)"
     col_pos_matched = f"map_filter(map({matched_pos}), (k, v) -> v < {row_pos})" if data_cols else empty
     sets = [f"{quote(c)} = CASE WHEN {wins(c)} THEN s.{quote(c)} ELSE {stored_val(c)} END" for c in data_cols]
+    if whole_rows:  # wins(c) for every c, and newer: the same values without reading the stored ones
+        if not matched_only:
+            raise ValueError("whole_rows needs matched_only: only stored keys are labelled as replacing their row")
+        stale = _sql_str(f"{spec.identifier}: a stored row changed after its labelling (batch {batch_id}); retry the batch")
+        row_pos = f"CASE WHEN t._cdc_position = s._cdc_stored_pos THEN s.{META_POS} ELSE raise_error('{stale}') END"
+        col_pos_matched = new_col_pos(data_cols, "s.")
+        sets = [f"{quote(c)} = s.{quote(c)}" for c in data_cols]
     # the stored row's life goes on (no delete in between; for a delete: up to
     # it): the row keeps the change that began it and what it inherited
     goes_on = f"(NOT {newer} OR NOT t._cdc_deleted AND s._cdc_delpos IS NULL)"

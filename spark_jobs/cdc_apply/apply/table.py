@@ -288,6 +288,7 @@ def _write(
                     acc.key_ranges,
                     new_keys=acc.new_keys,
                     stored_keys=stored_keys,
+                    whole_rows=acc.whole_rows == stored_keys,
                 )
             if refresh and counts["deleted"] + counts["noop_deletes"] + counts["filled"]:  # tombstones written or filled
                 with tr.timed("key_change_refresh"):

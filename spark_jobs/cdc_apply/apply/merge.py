@@ -158,7 +158,9 @@ def append_new_keys(spark: SparkSession, spec: TableSpec, branch: str, source: D
 
 
 def _batch_pos(c: str, s: str) -> str:
-    """The position that set column ``c`` in the batch (alias prefix ``s``)."""
+    """The position that set column ``c`` in the batch (alias prefix ``s``).
+    ``compact._replaces_stored_row`` restates it on the folded frame (which
+    ``whole_rows`` trusts): change both or neither."""
     return f"(CASE WHEN array_contains({s}_cdc_present, '{_sql_str(c)}') THEN {s}_cdc_cpos['{_sql_str(c)}'] ELSE {s}_cdc_delpos END)"
 
 

@@ -50,6 +50,23 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal (quotes and backslashes escaped):
+    every value written into SQL text goes through here."""
+    return "'" + str(text).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def batch_position(c: str, s: str = "", present: str | None = None) -> str:
+    """SQL: the position that set data column ``c`` in a net change (alias
+    prefix ``s``, e.g. ``"s."``): its last event carrying the column, else
+    the key's last delete.  ``present``: the SQL list of the columns the
+    change carries (default ``{s}_cdc_present``, as ``merge_source`` names
+    it).  The MERGE's contest per column and ``_replaces_stored_row`` both
+    read it here."""
+    col = sql_string(c)
+    return f"(CASE WHEN array_contains({present or s + '_cdc_present'}, {col}) THEN {s}_cdc_cpos[{col}] ELSE {s}_cdc_delpos END)"
+
+
 def typed_value(text: Column, spark_type: str) -> Column:
     """Canonical text -> typed value (exact; see model.canonical_value)."""
     if spark_type == "binary":
@@ -641,11 +658,10 @@ def _replaces_stored_row(data_cols: list[str]) -> Column:
     position is never above its row's (``_cdc_col_pos`` keeps only lower
     ones).  The MERGE may then take the row whole from the batch without
     reading the stored values (``whole_rows``).  Each column's batch
-    position is the MERGE's own (``merge._batch_pos``): the last event
-    carrying it, else the key's last delete."""
+    position is the MERGE's own (``batch_position``)."""
     stored = F.col("_cdc_stored_pos")
     wins = [stored.isNotNull(), F.col(META_POS) > stored]
     for c in data_cols:
-        batch_pos = F.when(F.array_contains(F.map_keys("_cdc_vals"), c), F.col("_cdc_cpos")[c]).otherwise(F.col("_cdc_delpos"))
+        batch_pos = F.expr(batch_position(c, present="map_keys(_cdc_vals)"))
         wins.append(F.coalesce(batch_pos > stored, F.lit(False)))
     return functools.reduce(operator.and_, wins)

@@ -13,7 +13,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_apply.apply.branches import branch_ref, read_branch
-from cdc_apply.apply.compact import MAX_KEY_CHANGE_CHAIN, META_POS, NEVER_SET, quote
+from cdc_apply.apply.compact import MAX_KEY_CHANGE_CHAIN, META_POS, NEVER_SET, batch_position, quote, sql_string
 from cdc_apply.apply.tables import INT_TYPES, TableSpec
 
 
@@ -22,18 +22,16 @@ def apply_truncate(spark: SparkSession, spec: TableSpec, branch: str, truncated_
     keeps older late events from bringing them back.  A newer row whose
     columns were partly set before the truncate (a late truncate after
     partial updates) has those columns set NULL at the truncate."""
-    t = _sql_str(truncated_at)
-    spark.sql(f"DELETE FROM {branch_ref(spec, branch)} WHERE _cdc_position < '{t}'")
+    t = sql_string(truncated_at)
+    spark.sql(f"DELETE FROM {branch_ref(spec, branch)} WHERE _cdc_position < {t}")
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
     if data_cols:
-        older = {c: f"coalesce(_cdc_col_pos['{_sql_str(c)}'], _cdc_position) < '{t}'" for c in data_cols}
+        older = {c: f"coalesce(_cdc_col_pos[{sql_string(c)}], _cdc_position) < {t}" for c in data_cols}
         sets = [f"{quote(c)} = CASE WHEN {cond} THEN NULL ELSE {quote(c)} END" for c, cond in older.items()]
-        pos = (
-            f"map_filter(transform_values(_cdc_col_pos, (k, v) -> CASE WHEN v < '{t}' THEN '{t}' ELSE v END), (k, v) -> v < _cdc_position)"
-        )
+        pos = f"map_filter(transform_values(_cdc_col_pos, (k, v) -> CASE WHEN v < {t} THEN {t} ELSE v END), (k, v) -> v < _cdc_position)"
         spark.sql(
             f"UPDATE {branch_ref(spec, branch)} SET {', '.join(sets)}, _cdc_col_pos = {pos} "
-            f"WHERE NOT _cdc_deleted AND array_min(map_values(_cdc_col_pos)) < '{t}'"
+            f"WHERE NOT _cdc_deleted AND array_min(map_values(_cdc_col_pos)) < {t}"
         )
 
 
@@ -62,7 +60,7 @@ def _literal(value: Any, spark_type: str) -> str | None:
     if spark_type.startswith("decimal("):
         return f"CAST('{value:f}' AS {spark_type})"  # fixed-point text: exact, no exponent
     if spark_type == "string":
-        return f"'{_sql_str(value)}'"
+        return sql_string(value)
     if spark_type == "date":
         return f"DATE '{value.isoformat()}'"
     return None  # timestamps (time zones), floats, binary: no range, still correct
@@ -157,19 +155,12 @@ def append_new_keys(spark: SparkSession, spec: TableSpec, branch: str, source: D
     rows.writeTo(branch_ref(spec, branch)).append()
 
 
-def _batch_pos(c: str, s: str) -> str:
-    """The position that set column ``c`` in the batch (alias prefix ``s``).
-    ``compact._replaces_stored_row`` restates it on the folded frame (which
-    ``whole_rows`` trusts): change both or neither."""
-    return f"(CASE WHEN array_contains({s}_cdc_present, '{_sql_str(c)}') THEN {s}_cdc_cpos['{_sql_str(c)}'] ELSE {s}_cdc_delpos END)"
-
-
 def new_col_pos(data_cols: list[str], s: str) -> str:
     """``_cdc_col_pos`` of a new row (alias prefix ``s``, e.g. ``"s."``): the
     columns set below its position, ``NEVER_SET`` for the ones never set."""
     if not data_cols:
         return "cast(map() AS map<string,string>)"
-    new_pos = ", ".join(f"'{_sql_str(c)}', coalesce({_batch_pos(c, s)}, '{NEVER_SET}')" for c in data_cols)
+    new_pos = ", ".join(f"{sql_string(c)}, coalesce({batch_position(c, s)}, '{NEVER_SET}')" for c in data_cols)
     return f"map_filter(map({new_pos}), (k, v) -> v < {s}{META_POS})"
 
 
@@ -204,18 +195,18 @@ def merge_sql(
     (life, inheritance, tombstone) are one statement's clauses."""
     on = " AND ".join([f"t.{quote(k)} = s.{quote(k)}" for k in spec.key_columns] + key_range_condition(spec, key_ranges))
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
-    batch = _sql_str(batch_id)
+    batch = sql_string(batch_id)
     newer = f"s.{META_POS} > t._cdc_position"
 
     def batch_pos(c: str) -> str:
-        return _batch_pos(c, "s.")
+        return batch_position(c, "s.")
 
     # a tombstone's columns hold the state just before its delete: what a
     # late (older) event competes with; a newer event finds them NULL at the delete
     dead = f"(t._cdc_deleted AND {newer})"
 
     def stored_pos(c: str) -> str:
-        return f"(CASE WHEN {dead} THEN t._cdc_position ELSE coalesce(t._cdc_col_pos['{_sql_str(c)}'], t._cdc_position) END)"
+        return f"(CASE WHEN {dead} THEN t._cdc_position ELSE coalesce(t._cdc_col_pos[{sql_string(c)}], t._cdc_position) END)"
 
     def stored_val(c: str) -> str:
         return f"(CASE WHEN {dead} THEN NULL ELSE t.{quote(c)} END)"
@@ -224,15 +215,15 @@ def merge_sql(
         return f"coalesce({batch_pos(c)} > {stored_pos(c)}, false)"
 
     row_pos = f"greatest(s.{META_POS}, t._cdc_position)"
-    matched_pos = ", ".join(f"'{_sql_str(c)}', CASE WHEN {wins(c)} THEN {batch_pos(c)} ELSE {stored_pos(c)} END" for c in data_cols)
+    matched_pos = ", ".join(f"{sql_string(c)}, CASE WHEN {wins(c)} THEN {batch_pos(c)} ELSE {stored_pos(c)} END" for c in data_cols)
     empty = "cast(map() AS map<string,string>)"
     col_pos_matched = f"map_filter(map({matched_pos}), (k, v) -> v < {row_pos})" if data_cols else empty
     sets = [f"{quote(c)} = CASE WHEN {wins(c)} THEN s.{quote(c)} ELSE {stored_val(c)} END" for c in data_cols]
     if whole_rows:  # wins(c) for every c, and newer: the same values without reading the stored ones
         if not matched_only:
             raise ValueError("whole_rows needs matched_only: only stored keys are labelled as replacing their row")
-        stale = _sql_str(f"{spec.identifier}: a stored row changed after its labelling (batch {batch_id}); retry the batch")
-        row_pos = f"CASE WHEN t._cdc_position = s._cdc_stored_pos THEN s.{META_POS} ELSE raise_error('{stale}') END"
+        stale = sql_string(f"{spec.identifier}: a stored row changed after its labelling (batch {batch_id}); retry the batch")
+        row_pos = f"CASE WHEN t._cdc_position = s._cdc_stored_pos THEN s.{META_POS} ELSE raise_error({stale}) END"
         col_pos_matched = new_col_pos(data_cols, "s.")
         sets = [f"{quote(c)} = s.{quote(c)}" for c in data_cols]
     # the stored row's life goes on (no delete in between; for a delete: up to
@@ -248,7 +239,7 @@ def merge_sql(
         f"_cdc_inherited = CASE WHEN {goes_on} THEN map_concat(coalesce(t._cdc_inherited, {empty}), s._cdc_inh) ELSE s._cdc_inh END",
         f"_cdc_deleted_by = CASE WHEN NOT {newer} THEN t._cdc_deleted_by WHEN s._cdc_action = 'delete' THEN s._cdc_endcid END",
         f"_cdc_position = {row_pos}",
-        f"_cdc_batch_id = '{batch}'",
+        f"_cdc_batch_id = {batch}",
         "_cdc_applied_at = current_timestamp()",
     ]
     insert_cols = [quote(c) for c in spec.key_columns + data_cols]
@@ -258,7 +249,7 @@ def merge_sql(
       ({", ".join(insert_cols)}, _cdc_position, _cdc_op, _cdc_deleted, _cdc_commit_ts, _cdc_tx_id, _cdc_batch_id, _cdc_applied_at, _cdc_col_pos,
        _cdc_change_id, _cdc_inherited, _cdc_deleted_by)
       VALUES ({", ".join(insert_vals)}, s.{META_POS}, s._cdc_op, s._cdc_action = 'delete', s._cdc_commit_ts, s._cdc_tx_id,
-              '{batch}', current_timestamp(), {new_col_pos(data_cols, "s.")},
+              {batch}, current_timestamp(), {new_col_pos(data_cols, "s.")},
               s._cdc_cid, s._cdc_inh, CASE WHEN s._cdc_action = 'delete' THEN s._cdc_endcid END)"""
     return f"""
     MERGE INTO {branch_ref(spec, branch)} t
@@ -300,7 +291,7 @@ def refresh_inherited(spark: SparkSession, spec: TableSpec, branch: str, batch_i
                 f"_cdc_refresh_{abs(hash((spec.identifier, batch_id)))}",
                 lambda view: (
                     f"MERGE INTO {branch_ref(spec, branch)} t USING {view} s ON {on} WHEN MATCHED THEN UPDATE SET {sets}, "
-                    f"_cdc_batch_id = '{_sql_str(batch_id)}', _cdc_applied_at = current_timestamp()"
+                    f"_cdc_batch_id = {sql_string(batch_id)}, _cdc_applied_at = current_timestamp()"
                 ),
             )
         finally:
@@ -333,7 +324,3 @@ def _refreshed_rows(rows: DataFrame, spec: TableSpec, data_cols: list[str], batc
         *[F.when(takes[c], F.col(f"_m_v{i}")).otherwise(F.col(quote(c))).alias(c) for i, c in enumerate(data_cols)],
         "_cdc_deleted",
     )
-
-
-def _sql_str(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("'", "\\'")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from cdc_apply.apply.compact import quote
+from cdc_apply.apply.compact import quote, sql_string
 from cdc_apply.config import validate_identifier
 from cdc_apply.errors import ConfigError, SchemaIncompatible
 
@@ -86,12 +86,6 @@ audit branch written), as its reconciliation counted them.  The next batch
 cut from that snapshot takes its count before the batch from here instead of
 a scan of the table; a batch cut from any other snapshot (a compaction, a
 truncate, another writer since) scans as before."""
-
-
-def sql_string(text: str) -> str:
-    """``text`` as a Spark SQL string literal (quotes and backslashes escaped):
-    every value written into SQL text goes through here."""
-    return "'" + str(text).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def encode_key(columns: list[str]) -> str:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -112,10 +113,11 @@ def run_batch(
         return skip_batch(settings, source, result, dry_run=dry_run)
     from cdc_apply.runtime.session import get_spark
 
+    decoder_state = ledger.decoder_state_ahead(settings, source.name)
     spark = spark or get_spark(settings)
     if "validate" in stages and not dry_run:
         gate.preload_great_expectations()
-    ctx = _decode_context(spark, settings, source, batch_id)
+    ctx = _decode_context(spark, settings, source, batch_id, decoder_state)
     decoded, new_state = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
     new_state = {**ctx.state, **new_state}
     apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter)
@@ -149,19 +151,26 @@ def skip_batch(settings: Settings, source: SourceConfig, result: BatchResult, *,
     return result
 
 
-def _decode_context(spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str) -> DecodeContext:
+def _decode_context(
+    spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str, decoder_state: Callable[[], dict[str, Any]]
+) -> DecodeContext:
     """What the decoders know before the batch: the source's decoder state
-    from the ledger, its options and declared types, and (Debezium) the
-    stored tables' column types that schemaless messages are typed by."""
-    state = ledger.Ledger(settings).latest_decoder_state(source.name)
-    ctx = DecodeContext(
-        source=source.name, primary_keys=source.primary_keys, state=state, options=source.decode_options(), declared_types=source.columns
-    )
+    from the ledger (being read ahead: ``ledger.decoder_state_ahead``), its
+    options and declared types, and (Debezium) the stored tables' column
+    types that schemaless messages are typed by."""
+    stored_types: dict[str, dict[str, str]] = {}
     if source.format in ("debezium_postgres", "debezium_sqlserver"):
         t0 = time.time()
-        ctx.stored_types = tables.stored_column_types(spark, settings.catalog_name, source.namespace)
-        log.info("batch %s: column types of %d stored table(s) read in %.2f s", batch_id, len(ctx.stored_types), time.time() - t0)
-    return ctx
+        stored_types = tables.stored_column_types(spark, settings.catalog_name, source.namespace)
+        log.info("batch %s: column types of %d stored table(s) read in %.2f s", batch_id, len(stored_types), time.time() - t0)
+    return DecodeContext(
+        source=source.name,
+        primary_keys=source.primary_keys,
+        state=decoder_state(),
+        options=source.decode_options(),
+        declared_types=source.columns,
+        stored_types=stored_types,
+    )
 
 
 def apply_decoded(

@@ -17,8 +17,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -217,6 +218,33 @@ def _isin(column: str, values: Iterable[str]) -> Any:
     from pyiceberg.expressions import In
 
     return In(column, tuple(values))  # type: ignore[call-arg, arg-type]
+
+
+def decoder_state_ahead(settings: Settings, source: str) -> Callable[[], dict[str, Any]]:
+    """Start reading the source's latest decoder state on a thread of its own;
+    returns the function that waits for it.
+
+    A job's first ledger read imports pyiceberg and opens the catalog, ~1 s
+    of Python that would otherwise wait for the Spark session and then hold
+    it up; on a thread it overlaps the session's start.  A read that failed
+    on the thread (the catalog locked, an import race) is made again by the
+    waiting caller, which then sees the error itself."""
+    got: dict[str, dict[str, Any]] = {}
+
+    def read() -> None:
+        try:
+            got["state"] = Ledger(settings).latest_decoder_state(source)
+        except Exception:
+            log.debug("reading the decoder state ahead failed; read again when needed", exc_info=True)
+
+    thread = threading.Thread(target=read, name="read-decoder-state")
+    thread.start()
+
+    def wait() -> dict[str, Any]:
+        thread.join()
+        return got["state"] if "state" in got else Ledger(settings).latest_decoder_state(source)
+
+    return wait
 
 
 class Ledger:

@@ -1,0 +1,58 @@
+"""The decoder state read ahead on a thread (``ledger.decoder_state_ahead``)
+is the ledger's own read, and a read that failed on the thread is made
+again by the caller, who then sees its error."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import pytest
+
+from cdc_apply import ledger
+from cdc_apply.results import BatchResult
+from cdc_apply.status import Status
+
+
+def _record(settings, source: str, state: dict, started: dt.datetime) -> None:
+    ledger.Ledger(settings).record_batch(
+        BatchResult(
+            batch_id=f"{source}_{started:%H%M%S}",
+            source=source,
+            status=Status.COMPLETE,
+            source_state=state,
+            started_at=started.isoformat(),
+        )
+    )
+
+
+def test_the_state_read_ahead_is_the_latest_complete_batchs(settings):
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    _record(settings, "ahead_a", {"n": 1}, t0)
+    _record(settings, "ahead_a", {"n": 2}, t0 + dt.timedelta(hours=1))
+    _record(settings, "ahead_b", {"n": 3}, t0 + dt.timedelta(hours=2))
+    assert ledger.decoder_state_ahead(settings, "ahead_a")() == {"n": 2}
+    assert ledger.decoder_state_ahead(settings, "ahead_none")() == {}
+
+
+def test_a_read_that_failed_on_the_thread_is_made_again_and_its_error_seen(settings, monkeypatch):
+    _record(settings, "ahead_c", {"n": 4}, dt.datetime(2026, 1, 2, tzinfo=dt.UTC))
+    real = ledger.Ledger.latest_decoder_state
+    calls: list[str] = []
+
+    def on_thread_fails(self, source):
+        calls.append(threading.current_thread().name)
+        if threading.current_thread().name == "read-decoder-state":
+            raise OSError("catalog locked")
+        return real(self, source)
+
+    monkeypatch.setattr(ledger.Ledger, "latest_decoder_state", on_thread_fails)
+    assert ledger.decoder_state_ahead(settings, "ahead_c")() == {"n": 4}
+    assert calls == ["read-decoder-state", threading.current_thread().name]
+
+    def always_fails(self, source):
+        raise OSError("catalog locked")
+
+    monkeypatch.setattr(ledger.Ledger, "latest_decoder_state", always_fails)
+    with pytest.raises(OSError, match="catalog locked"):
+        ledger.decoder_state_ahead(settings, "ahead_c")()

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from cdc_apply.apply import tables
 from cdc_apply.model import ChangeEvent, Column, Op
 from tests.apply_harness import apply_events, live_rows
 from tests.reference_model import apply_model
@@ -122,6 +123,10 @@ def deliver(events: list[ChangeEvent], seed: int, nbatches: int, log_order: bool
     return out
 
 
+MERGE_MODES = st.sampled_from(["auto", "merge-on-read"])
+"""Each example's write mode: both MERGEs (rows rewritten, or position deletes) against the model."""
+
+
 def stamp(batches: list[list[ChangeEvent]], ns: str) -> list[list[ChangeEvent]]:
     """Give every delivery its own lineage (file, line), as an archive would."""
     import copy
@@ -137,44 +142,48 @@ def stamp(batches: list[list[ChangeEvent]], ns: str) -> list[list[ChangeEvent]]:
     return stamped
 
 
-def check(spark, settings, events, seed, nbatches, log_order):
+def check(spark, settings, events, seed, nbatches, log_order, merge_mode="auto"):
+    """``merge_mode``: the source's (``auto`` picks copy-on-write for tables
+    this small; ``merge-on-read`` writes the MERGEs as position deletes)."""
     ns = f"prop_{next(_ns)}"
     batches = stamp(deliver(events, seed, nbatches, log_order), ns)
     for batch in batches:
-        result = apply_events(spark, settings, ns, batch)
+        result = apply_events(spark, settings, ns, batch, merge_mode=merge_mode)
         assert result.status in ("complete",), result.message
     model = apply_model([e for b in batches for e in b], ["id"], list(COLS))
     got = live_rows(spark, settings, ns, "items", ["id"], COLS)
     assert {k: {c: v.get(c) for c in COLS} for k, v in got.items()} == {tuple(k): v for k, v in model.items()}
+    if merge_mode != "auto" and got:
+        assert tables.merge_mode(spark, f"{settings.catalog_name}.{ns}.items") == merge_mode
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(workloads(partial=False))
-def test_full_rows_any_delivery_order(spark, settings, w):
-    check(spark, settings, *w, log_order=False)
+@given(workloads(partial=False), MERGE_MODES)
+def test_full_rows_any_delivery_order(spark, settings, w, merge_mode):
+    check(spark, settings, *w, log_order=False, merge_mode=merge_mode)
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(workloads(partial=True))
-def test_partial_rows_any_delivery_order(spark, settings, w):
+@given(workloads(partial=True), MERGE_MODES)
+def test_partial_rows_any_delivery_order(spark, settings, w, merge_mode):
     """A late event fills the columns later partial events left out: the
     result is the same for every delivery order and batch split."""
-    check(spark, settings, *w, log_order=False)
+    check(spark, settings, *w, log_order=False, merge_mode=merge_mode)
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(workloads(partial=True, partial_moves=True))
-def test_key_changes_inherit_what_they_leave_out(spark, settings, w):
-    check(spark, settings, *w, log_order=True)
+@given(workloads(partial=True, partial_moves=True), MERGE_MODES)
+def test_key_changes_inherit_what_they_leave_out(spark, settings, w, merge_mode):
+    check(spark, settings, *w, log_order=True, merge_mode=merge_mode)
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(workloads(partial=True, partial_moves=True, retire_moved=True))
-def test_key_changes_inherit_in_any_delivery_order(spark, settings, w):
+@given(workloads(partial=True, partial_moves=True, retire_moved=True), MERGE_MODES)
+def test_key_changes_inherit_in_any_delivery_order(spark, settings, w, merge_mode):
     """The halves of a key change in different batches, either first, and the
     old key's earlier events arriving after the change: the new key still
     ends with the old key's values as of just before the change."""
-    check(spark, settings, *w, log_order=False)
+    check(spark, settings, *w, log_order=False, merge_mode=merge_mode)
 
 
 def _ev(op: str, key: int, pos: int, after: dict | None = None, *, moved: bool = False) -> ChangeEvent:

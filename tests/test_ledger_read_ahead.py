@@ -1,6 +1,7 @@
-"""The decoder state read ahead on a thread (``ledger.decoder_state_ahead``)
-is the ledger's own read, and a read that failed on the thread is made
-again by the caller, who then sees its error."""
+"""The decoder state read ahead on a thread (``ledger.DecoderStateAhead``)
+is the ledger's own read; a read that failed on the thread is made again by
+the caller, who then sees its error; and the wait for the catalog to be
+opened ends whether the thread opened it or failed to."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def test_the_state_read_ahead_is_the_latest_complete_batchs(settings):
     _record(settings, "ahead_a", {"n": 1}, t0)
     _record(settings, "ahead_a", {"n": 2}, t0 + dt.timedelta(hours=1))
     _record(settings, "ahead_b", {"n": 3}, t0 + dt.timedelta(hours=2))
-    assert ledger.decoder_state_ahead(settings, "ahead_a")() == {"n": 2}
-    assert ledger.decoder_state_ahead(settings, "ahead_none")() == {}
+    assert ledger.DecoderStateAhead(settings, "ahead_a").state() == {"n": 2}
+    assert ledger.DecoderStateAhead(settings, "ahead_none").state() == {}
 
 
 def test_a_read_that_failed_on_the_thread_is_made_again_and_its_error_seen(settings, monkeypatch):
@@ -47,7 +48,9 @@ def test_a_read_that_failed_on_the_thread_is_made_again_and_its_error_seen(setti
         return real(self, source)
 
     monkeypatch.setattr(ledger.Ledger, "latest_decoder_state", on_thread_fails)
-    assert ledger.decoder_state_ahead(settings, "ahead_c")() == {"n": 4}
+    ahead = ledger.DecoderStateAhead(settings, "ahead_c")
+    ahead.catalog_opened()
+    assert ahead.state() == {"n": 4}
     assert calls == ["read-decoder-state", threading.current_thread().name]
 
     def always_fails(self, source):
@@ -55,4 +58,22 @@ def test_a_read_that_failed_on_the_thread_is_made_again_and_its_error_seen(setti
 
     monkeypatch.setattr(ledger.Ledger, "latest_decoder_state", always_fails)
     with pytest.raises(OSError, match="catalog locked"):
-        ledger.decoder_state_ahead(settings, "ahead_c")()
+        ledger.DecoderStateAhead(settings, "ahead_c").state()
+
+
+def test_the_wait_for_the_catalog_ends_when_the_thread_cannot_open_it(settings, monkeypatch):
+    _record(settings, "ahead_d", {"n": 5}, dt.datetime(2026, 1, 3, tzinfo=dt.UTC))
+    real = ledger.Ledger.catalog
+
+    def on_thread_fails(self):
+        if threading.current_thread().name == "read-decoder-state":
+            raise OSError("catalog unreachable")
+        return real.fget(self)
+
+    monkeypatch.setattr(ledger.Ledger, "catalog", property(on_thread_fails))
+    ahead = ledger.DecoderStateAhead(settings, "ahead_d")
+    waiting = threading.Thread(target=ahead.catalog_opened, daemon=True)
+    waiting.start()
+    waiting.join(timeout=60)
+    assert not waiting.is_alive(), "the wait for the catalog outlived the thread that failed to open it"
+    assert ahead.state() == {"n": 5}

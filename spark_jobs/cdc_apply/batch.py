@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -113,7 +112,7 @@ def run_batch(
         return skip_batch(settings, source, result, dry_run=dry_run)
     from cdc_apply.runtime.session import get_spark
 
-    decoder_state = ledger.decoder_state_ahead(settings, source.name)
+    decoder_state = ledger.DecoderStateAhead(settings, source.name)
     spark = spark or get_spark(settings)
     if "validate" in stages and not dry_run:
         gate.preload_great_expectations()
@@ -152,13 +151,14 @@ def skip_batch(settings: Settings, source: SourceConfig, result: BatchResult, *,
 
 
 def _decode_context(
-    spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str, decoder_state: Callable[[], dict[str, Any]]
+    spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str, decoder_state: ledger.DecoderStateAhead
 ) -> DecodeContext:
     """What the decoders know before the batch: the source's decoder state
-    from the ledger (being read ahead: ``ledger.decoder_state_ahead``), its
+    from the ledger (being read ahead: ``ledger.DecoderStateAhead``), its
     options and declared types, and (Debezium) the stored tables' column
     types that schemaless messages are typed by."""
     stored_types: dict[str, dict[str, str]] = {}
+    decoder_state.catalog_opened()
     if source.format in ("debezium_postgres", "debezium_sqlserver"):
         t0 = time.time()
         stored_types = tables.stored_column_types(spark, settings.catalog_name, source.namespace)
@@ -166,7 +166,7 @@ def _decode_context(
     return DecodeContext(
         source=source.name,
         primary_keys=source.primary_keys,
-        state=decoder_state(),
+        state=decoder_state.state(),
         options=source.decode_options(),
         declared_types=source.columns,
         stored_types=stored_types,

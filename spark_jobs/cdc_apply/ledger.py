@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -220,31 +220,43 @@ def _isin(column: str, values: Iterable[str]) -> Any:
     return In(column, tuple(values))  # type: ignore[call-arg, arg-type]
 
 
-def decoder_state_ahead(settings: Settings, source: str) -> Callable[[], dict[str, Any]]:
-    """Start reading the source's latest decoder state on a thread of its own;
-    returns the function that waits for it.
+class DecoderStateAhead:
+    """The source's latest decoder state, read from the ledger on a thread of
+    its own while the Spark session starts.
 
     A job's first ledger read imports pyiceberg and opens the catalog, ~1 s
-    of Python that would otherwise wait for the Spark session and then hold
-    it up; on a thread it overlaps the session's start.  A read that failed
-    on the thread (the catalog locked, an import race) is made again by the
-    waiting caller, which then sees the error itself."""
-    got: dict[str, dict[str, Any]] = {}
+    of Python that would otherwise wait for the session and then hold up the
+    decode.  Opening the catalog creates its tables in a new one, which
+    Spark's catalog creates too: a job lets Spark at the catalog only once
+    the thread has opened it (``catalog_opened``).  A read that failed on
+    the thread (the catalog locked, an import race) is made again by
+    ``state``'s caller, who then sees the error."""
 
-    def read() -> None:
+    def __init__(self, settings: Settings, source: str) -> None:
+        self._settings, self._source = settings, source
+        self._opened = threading.Event()
+        self._got: dict[str, dict[str, Any]] = {}
+        self._thread = threading.Thread(target=self._read, name="read-decoder-state")
+        self._thread.start()
+
+    def _read(self) -> None:
         try:
-            got["state"] = Ledger(settings).latest_decoder_state(source)
+            led = Ledger(self._settings)
+            led.catalog  # noqa: B018  opens it (creates a new catalog's tables)
+            self._opened.set()
+            self._got["state"] = led.latest_decoder_state(self._source)
         except Exception:
             log.debug("reading the decoder state ahead failed; read again when needed", exc_info=True)
+        finally:
+            self._opened.set()
 
-    thread = threading.Thread(target=read, name="read-decoder-state")
-    thread.start()
+    def catalog_opened(self) -> None:
+        """Wait until the thread has opened the catalog, or failed to."""
+        self._opened.wait()
 
-    def wait() -> dict[str, Any]:
-        thread.join()
-        return got["state"] if "state" in got else Ledger(settings).latest_decoder_state(source)
-
-    return wait
+    def state(self) -> dict[str, Any]:
+        self._thread.join()
+        return self._got["state"] if "state" in self._got else Ledger(self._settings).latest_decoder_state(self._source)
 
 
 class Ledger:

@@ -123,6 +123,16 @@ def deliver(events: list[ChangeEvent], seed: int, nbatches: int, log_order: bool
     return out
 
 
+def _applied_rows(spark, settings, ns: str) -> dict[tuple, dict]:
+    """The applied table's live rows by key, every column's canonical text."""
+    return {k: {c: v.get(c) for c in COLS} for k, v in live_rows(spark, settings, ns, "items", ["id"], COLS).items()}
+
+
+def _model_rows(events: list[ChangeEvent]) -> dict[tuple, dict]:
+    """The reference model's rows, keyed as ``_applied_rows``."""
+    return {tuple(k): v for k, v in apply_model(events, ["id"], list(COLS)).items()}
+
+
 MERGE_MODES = st.sampled_from(["auto", "merge-on-read"])
 """Each example's write mode: both MERGEs (rows rewritten, or position deletes) against the model."""
 
@@ -150,9 +160,8 @@ def check(spark, settings, events, seed, nbatches, log_order, merge_mode="auto")
     for batch in batches:
         result = apply_events(spark, settings, ns, batch, merge_mode=merge_mode)
         assert result.status in ("complete",), result.message
-    model = apply_model([e for b in batches for e in b], ["id"], list(COLS))
-    got = live_rows(spark, settings, ns, "items", ["id"], COLS)
-    assert {k: {c: v.get(c) for c in COLS} for k, v in got.items()} == {tuple(k): v for k, v in model.items()}
+    got = _applied_rows(spark, settings, ns)
+    assert got == _model_rows([e for b in batches for e in b])
     if merge_mode != "auto" and got:
         assert tables.merge_mode(spark, f"{settings.catalog_name}.{ns}.items") == merge_mode
 
@@ -228,8 +237,7 @@ def test_a_key_change_onto_a_live_key_keeps_what_neither_key_sets(spark, setting
     ns = f"prop_{next(_ns)}"
     (batch,) = stamp([events], ns)
     assert apply_events(spark, settings, ns, batch).status == "complete"
-    model = {tuple(k): v for k, v in apply_model(batch, ["id"], list(COLS)).items()}
+    model = _model_rows(batch)
     assert model[("3",)]["amount"] is None
     model[("3",)]["amount"] = "-184.79"
-    got = live_rows(spark, settings, ns, "items", ["id"], COLS)
-    assert {k: {c: v.get(c) for c in COLS} for k, v in got.items()} == model
+    assert _applied_rows(spark, settings, ns) == model

@@ -114,3 +114,6 @@ def test_a_source_table_named_like_a_change_log_is_refused_not_appended_to(spark
     r = apply_events(spark, settings, ns, [event("c", 1, {"name": "b"}, pos=2)])
     assert r.status == "failed" and r.tables[0].terminal and "is a table, not the change log" in r.tables[0].message
     assert spark.table(f"{settings.catalog_name}.{ns}.items_changes").count() == 1
+    # the change log's write runs beside the table's labelling: its failure stops the table before its MERGE
+    written = spark.sql(f"SELECT * FROM {settings.catalog_name}.{ns}.items.snapshots").where("summary['added-records'] > 0")
+    assert written.count() == 0

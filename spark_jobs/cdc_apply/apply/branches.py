@@ -32,6 +32,13 @@ def snapshot_properties(spark: SparkSession, props: dict[str, str]) -> Iterator[
             spark.conf.unset(_SNAPSHOT_PROPERTY + k)
 
 
+def snapshot_property_options(props: dict[str, str]) -> dict[str, str]:
+    """The same properties as options of one DataFrame write: they ride on
+    that write's commit alone, whatever the session's conf says meanwhile (a
+    write on a thread of its own, ``runtime.background``)."""
+    return {"snapshot-property." + k: v for k, v in props.items()}
+
+
 def branch_ref(spec: TableSpec, branch: str) -> str:
     return f"{spec.identifier}.branch_{branch}"
 

@@ -112,8 +112,8 @@ def write(work: Any, spec: tables.TableSpec, events: DataFrame, files: list[Arch
     props = ledger.summary_properties(batch_id, applied, position_max=None, truncated_at=None, counts={})
     attempt = props[branches.ATTEMPT_PROPERTY] = uuid.uuid4().hex
     start = branches.branch_snapshot(spark, cl, branch)
-    with branches.snapshot_properties(spark, props):
-        rows.writeTo(branches.branch_ref(cl, branch)).append()
+    # as write options, not session conf: the table's labelling runs beside this write (table._apply)
+    rows.writeTo(branches.branch_ref(cl, branch)).options(**branches.snapshot_property_options(props)).append()
     return ident, branches.own_head(spark, cl, branch, attempt, batch_id, start)
 
 

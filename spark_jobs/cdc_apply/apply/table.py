@@ -25,6 +25,7 @@ from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.config import Settings, SourceConfig
 from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalError
 from cdc_apply.results import TableResult
+from cdc_apply.runtime.background import Background
 from cdc_apply.status import Status
 
 log = logging.getLogger("cdc_apply")
@@ -133,14 +134,24 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
         truncs = {"p": meta["max_truncate"], "n": meta["truncates"], "ts": meta["max_commit_ts"]}
     watermark = work.source_state.setdefault(TRUNCATES_KEY, {}).get(_table_key(meta))
     truncated_at = max([p for p in (truncs["p"], led.truncated_at if led else None, watermark) if p], default=None)
-    if work.source.changelog:
-        with tr.timed("changelog"):
-            tr.changelog, tr.changelog_snapshot = changelog.write(work, spec, ev, new_files) or (None, None)
-    if work.source.lookup(work.source.history, meta["database"], meta["schema_name"], meta["table_name"]):
-        with tr.timed("history"):
-            tr.history, tr.history_snapshot = history.write(work, spec, new_files, tr.changelog_snapshot) or (None, None)
-    _write(work, spec, ev.where("op <> 't'"), meta, truncs, truncated_at, new_files, tr, led)
+    # the change log's append runs beside the labelling: it must commit before the table's MERGE
+    log_write = Background(spark, lambda: _write_changelog(work, spec, ev, new_files, tr), "changelog") if work.source.changelog else None
+    try:
+        if work.source.lookup(work.source.history, meta["database"], meta["schema_name"], meta["table_name"]):
+            if log_write:
+                log_write.result()
+            with tr.timed("history"):
+                tr.history, tr.history_snapshot = history.write(work, spec, new_files, tr.changelog_snapshot) or (None, None)
+        _write(work, spec, ev.where("op <> 't'"), meta, truncs, truncated_at, new_files, tr, led, log_write)
+    finally:
+        if log_write:
+            log_write.wait()
     log.info("%s: written (%s)", spec.identifier, tr.describe_seconds())
+
+
+def _write_changelog(work: TableWork, spec: tables.TableSpec, events: DataFrame, files: list[ArchiveFile], tr: TableResult) -> None:
+    with tr.timed("changelog"):
+        tr.changelog, tr.changelog_snapshot = changelog.write(work, spec, events, files) or (None, None)
 
 
 def _table_key(meta: Any) -> str:
@@ -186,10 +197,13 @@ def _write(
     new_files: list[ArchiveFile],
     tr: TableResult,
     prior: ledger.TableLedger | None = None,
+    log_write: Background[None] | None = None,
 ) -> None:
     """Order, label and fold the row events; MERGE them onto a fresh audit
-    branch with the ledger properties; reconcile.  Long because the labelled
-    and folded frames are persisted for exactly this span."""
+    branch with the ledger properties; reconcile.  ``log_write``: the change
+    log's append, waited for before the MERGE (a failed one fails the table
+    before it is written).  Long because the labelled and folded frames are
+    persisted for exactly this span."""
     spark, branch = work.spark, work.branch
     prepared = compact.prepare_events(rows, {k: spec.columns[k] for k in spec.key_columns})
     branches.reset_branch(spark, spec, branch)
@@ -276,6 +290,8 @@ def _write(
                 log.info("%s: %s (%d net change(s) write a row with inherited or unset columns)", spec.identifier, change, acc.partial_rows)
         # only a row with inherited or never-set columns can take an old key's values (merge.refresh_inherited)
         refresh = tables.may_hold_partial_rows(properties) or acc.partial_rows > 0
+        if log_write:
+            log_write.result()
         with branches.snapshot_properties(spark, props):
             source_df = compact.merge_source(folded, spec.key_columns, spec.columns)
             with tr.timed("merge"):

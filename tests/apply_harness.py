@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 
+from cdc_apply.apply.gate import GateAhead
 from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.batch import BatchResult, apply_decoded, finish_batch, publish_batch, validate_batch
 from cdc_apply.config import SourceConfig
@@ -66,9 +67,15 @@ def apply_events(
         override=override.__dict__ if override else None,
     )
     decoded = outcomes_frame(spark, outcomes)
-    result = apply_decoded(spark, settings, source, result, files, decoded, decoder_state)
-    if "validate" in stages:
-        validate_batch(settings, result, spark)
+    # as a job that validates does: each table's GX suites start when its branch is written
+    ahead = GateAhead(settings, result.id) if "validate" in stages else None
+    try:
+        result = apply_decoded(spark, settings, source, result, files, decoded, decoder_state, gate_ahead=ahead)
+        if ahead is not None:
+            validate_batch(settings, result, spark, ahead=ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()
     if "publish" not in stages:
         return result
     publish_batch(settings, result)

@@ -11,6 +11,7 @@ import pytest
 
 from cdc_apply import ledger
 from cdc_apply.apply import branches, merge
+from cdc_apply.apply.gate import GateAhead
 from cdc_apply.model import Quarantined
 from tests.apply_harness import apply_events, event, live_rows
 
@@ -81,6 +82,28 @@ def test_duplicate_key_in_branch_fails_keeps_main_and_branch_then_fix_publishes_
     assert r3.tables[0].status == "skipped"
     assert set(live_rows(spark, settings, ns, "items", ["id"], COLS)) == {("1",), ("2",)}
     assert refs(spark, settings, ns) == {"main"}
+
+
+def test_the_suites_started_at_the_write_judge_that_branch_head_only(spark, settings, ns):
+    """The write starts each table's GX suites as soon as its branch is written
+    (``GateAhead``): their verdict is the gate's for that head only, and a run
+    that broke is raised to the gate, not taken for a verdict."""
+    r = apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)], stages=("write",))
+    t = r.tables[0]
+    head = spark.sql(f"SELECT * FROM {t.table} VERSION AS OF {t.branch_snapshot}")
+    ahead = GateAhead(settings, r.id)
+    ahead.start(t, head)
+    assert ahead.result(t.table, t.branch_snapshot + 1) is None  # another head: the gate runs the suites itself
+    ahead.start(t, head)
+    passed = ahead.result(t.table, t.branch_snapshot)
+    assert passed is not None and passed.success and passed.checks > 0 and not passed.failed
+    ahead.start(t, head.unionByName(head))  # the key twice
+    failed = ahead.result(t.table, t.branch_snapshot)
+    assert failed is not None and not failed.success and any("unique" in f for f in failed.failed)
+    ahead.start(t, spark.range(1))  # not a branch at all
+    with pytest.raises(Exception, match="_cdc_batch_id"):
+        ahead.result(t.table, t.branch_snapshot)
+    ahead.close()
 
 
 def test_user_suite_violation_fails_the_batch(spark, settings, ns, tmp_path):

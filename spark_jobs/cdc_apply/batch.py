@@ -114,18 +114,25 @@ def run_batch(
 
     decoder_state = ledger.DecoderStateAhead(settings, source.name)
     spark = spark or get_spark(settings)
+    ahead = None
     if "validate" in stages and not dry_run:
         gate.preload_great_expectations()
+        ahead = gate.GateAhead(settings, batch_id)
     ctx = _decode_context(spark, settings, source, batch_id, decoder_state)
     decoded, new_state = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
     new_state = {**ctx.state, **new_state}
-    apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter)
-    if not dry_run:
-        if "validate" in stages and result.pending(Status.WRITTEN):
-            validate_batch(settings, result, spark, in_write_job="publish" not in stages)
-        if "publish" in stages:
-            publish_batch(settings, result)
-            finish_batch(settings, result)
+    try:
+        apply_decoded(
+            spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter, gate_ahead=ahead
+        )
+        if not dry_run and "validate" in stages and result.pending(Status.WRITTEN):
+            validate_batch(settings, result, spark, in_write_job="publish" not in stages, ahead=ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()
+    if not dry_run and "publish" in stages:
+        publish_batch(settings, result)
+        finish_batch(settings, result)
     result.seconds = round(time.time() - started, 3)
     return result
 
@@ -184,12 +191,14 @@ def apply_decoded(
     *,
     dry_run: bool = False,
     table_filter: str | None = None,
+    gate_ahead: gate.GateAhead | None = None,
 ) -> BatchResult:
     """Everything after decode: accounting, quarantine, per-table apply, ledger.
 
     ``decoder_state`` is the source state carried to the next batch (decoder
     state plus truncate watermarks of tables not in the lake yet); None reads
-    the latest from the ledger.
+    the latest from the ledger.  ``gate_ahead``: the caller validates next,
+    with it (``validate_batch``).
     """
     state = dict(ledger.Ledger(settings).latest_decoder_state(source.name) if decoder_state is None else decoder_state)
     result.started_at = dt.datetime.now(dt.UTC).isoformat()
@@ -224,7 +233,7 @@ def apply_decoded(
         # a table's column declaration rides on one event per decode batch, which may
         # be a line held (an incomplete transaction) or applied before (_table_meta)
         declared = raw.where("status = 'event' AND columns IS NOT NULL")
-        _apply_tables(spark, settings, source, result, files, events, state, dry_run, linked, declared)
+        _apply_tables(spark, settings, source, result, files, events, state, dry_run, linked, declared, gate_ahead)
         result.source_state = state
         result.fail_if_any()
     finally:
@@ -357,6 +366,7 @@ def _apply_tables(
     dry_run: bool,
     linked: bool = False,
     declared: DataFrame | None = None,
+    gate_ahead: gate.GateAhead | None = None,
 ) -> None:
     """One ``apply_table`` per source table of the batch, after refusing the
     tables without a valid target and those colliding on one.  ``linked``:
@@ -371,7 +381,7 @@ def _apply_tables(
     collisions.update(ambiguous)
     if refused:
         _refuse_tables(spark, settings, source, result, events, refused, dry_run)
-    work = TableWork(spark, settings, source, result.id, files, state, frozenset(result.held_files), dry_run)
+    work = TableWork(spark, settings, source, result.id, files, state, frozenset(result.held_files), dry_run, gate_ahead)
     written: dict[str, str] = {}  # source identity -> its table's result name
     for meta in sorted(table_meta, key=lambda r: (r["table_name"], r["schema_name"] or "")):
         ident = source_identity(meta)
@@ -620,13 +630,20 @@ def _write_quarantine(spark: SparkSession, target: str, rows: DataFrame, batch_i
 
 
 def validate_batch(
-    settings: Settings, result: BatchResult, spark: SparkSession | None = None, table: str | None = None, *, in_write_job: bool = False
+    settings: Settings,
+    result: BatchResult,
+    spark: SparkSession | None = None,
+    table: str | None = None,
+    *,
+    in_write_job: bool = False,
+    ahead: gate.GateAhead | None = None,
 ) -> BatchResult:
     """The gate: GX suites (generated + user) and the write stage's
     reconciliation, on each written table's audit branch (or only ``table``'s).
     An operator's *force* override lets failed checks through, logged.
     ``in_write_job``: run by the write job in its warm session; a gate that
-    cannot run leaves its table written, for the validate stage to retry."""
+    cannot run leaves its table written, for the validate stage to retry.
+    ``ahead``: the suites the write started (``gate.GateAhead``)."""
     from cdc_apply.runtime.session import get_spark
 
     result.stage = "validate"
@@ -644,8 +661,10 @@ def validate_batch(
                 if tr.branch_snapshot is None
                 else read_snapshot(spark, spec, tr.branch_snapshot)
             )
-            with tr.timed("gate"):
-                gx_result = gate.run_gx(settings, branch_df, tr.table, tr.key_columns, result.id)
+            gx_result = ahead.result(tr.table, tr.branch_snapshot) if ahead is not None else None
+            if gx_result is None:
+                with tr.timed("gate"):
+                    gx_result = gate.run_gx(settings, branch_df, tr.table, tr.key_columns, result.id)
         except Exception as exc:  # GX or Spark broke, or another run took the branch: not a data verdict, may be retried
             log.exception("validation of %s failed to run", tr.table)
             if in_write_job:  # the validate stage runs it again, in its own job

@@ -32,6 +32,7 @@ from pyspark.sql.window import Window
 
 from cdc_apply.apply.compact import META_POS, quote
 from cdc_apply.config import Settings
+from cdc_apply.runtime.background import Background
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,52 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
                     failed.append(_expectation_name(r))
     docs = root / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
     return GateResult(success=success and not failed, failed=failed, data_docs=str(docs) if docs.exists() else None, checks=checks)
+
+
+class GateAhead:
+    """The GX suites of each table, started as soon as its branch is written
+    and run beside the rest of the write (its reconciliation, the next
+    table's apply); the same job's validate stage takes the result
+    (``result``) instead of running them again.  One table's suites at a
+    time, in the order written: GX runs are not made to run side by side."""
+
+    def __init__(self, settings: Settings, batch_id: str) -> None:
+        self._settings, self._batch_id = settings, batch_id
+        self._runs: dict[str, tuple[int, Background[GateResult]]] = {}
+        self._last: Background[GateResult] | None = None
+
+    def start(self, tr: Any, branch: DataFrame) -> None:
+        """``tr``: the table's ``results.TableResult``, written; ``branch``:
+        its branch head as the write left it (``tr.branch_snapshot``)."""
+        before, settings, batch_id = self._last, self._settings, self._batch_id
+
+        def run() -> GateResult:
+            if before is not None:
+                before.wait()
+            with tr.timed("gate"):
+                return run_gx(settings, branch, tr.table, tr.key_columns, batch_id)
+
+        self._last = Background(branch.sparkSession, run, f"gate-{tr.table}")
+        self._runs[tr.table] = (tr.branch_snapshot, self._last)
+
+    def result(self, table: str, snapshot: int | None) -> GateResult | None:
+        """The suites' result for ``table`` at ``snapshot``; None when they
+        were not started for that head (then the caller runs them).  Raises
+        what the run raised."""
+        started = self._runs.pop(table, None)
+        if started is None:
+            return None
+        head, run = started
+        if head != snapshot:
+            run.wait()
+            return None
+        return run.result()
+
+    def close(self) -> None:
+        """Wait for every run still going (a job must not end under one)."""
+        for _, run in self._runs.values():
+            run.wait()
+        self._runs.clear()
 
 
 BROADCAST_KEYS_MAX = 2_000_000

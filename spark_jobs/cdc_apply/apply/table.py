@@ -60,6 +60,9 @@ class TableWork:
     held_files: frozenset[str] = field(default_factory=frozenset)
     """Files with held messages: not recorded as applied to any table yet."""
     dry_run: bool = False
+    gate_ahead: gate.GateAhead | None = None
+    """Set when the same job validates: each written table's GX suites start
+    at once, beside its reconciliation."""
 
     @property
     def branch(self) -> str:
@@ -316,6 +319,8 @@ def _write(
         tr.branch = branch
         tr.branch_snapshot = branches.own_head(spark, spec, branch, attempt, work.batch_id, start_snapshot)
         tr.key_columns = spec.key_columns
+        if work.gate_ahead is not None:
+            work.gate_ahead.start(tr, read_snapshot(spark, spec, tr.branch_snapshot))
         # reconciliation needs the folded batch: computed now, judged by the gate
         with tr.timed("reconcile"):
             written = read_snapshot(spark, spec, tr.branch_snapshot)

@@ -114,27 +114,43 @@ def run_batch(
 
     decoder_state = ledger.DecoderStateAhead(settings, source.name)
     spark = spark or get_spark(settings)
-    ahead = None
     if "validate" in stages and not dry_run:
         gate.preload_great_expectations()
-        ahead = gate.GateAhead(settings, batch_id)
     ctx = _decode_context(spark, settings, source, batch_id, decoder_state)
     decoded, new_state = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
     new_state = {**ctx.state, **new_state}
-    try:
-        apply_decoded(
-            spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter, gate_ahead=ahead
-        )
-        if not dry_run and "validate" in stages and result.pending(Status.WRITTEN):
-            validate_batch(settings, result, spark, in_write_job="publish" not in stages, ahead=ahead)
-    finally:
-        if ahead is not None:
-            ahead.close()
+    if dry_run or "validate" not in stages:
+        apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter)
+    else:
+        _write_and_validate(spark, settings, source, result, files, decoded, new_state, table_filter, in_write_job="publish" not in stages)
     if not dry_run and "publish" in stages:
         publish_batch(settings, result)
         finish_batch(settings, result)
     result.seconds = round(time.time() - started, 3)
     return result
+
+
+def _write_and_validate(
+    spark: SparkSession,
+    settings: Settings,
+    source: SourceConfig,
+    result: BatchResult,
+    files: list[ArchiveFile],
+    decoded: DataFrame,
+    state: dict[str, Any],
+    table_filter: str | None,
+    *,
+    in_write_job: bool,
+) -> None:
+    """``apply_decoded`` then ``validate_batch`` in one session, each table's
+    GX suites started as soon as its branch is written (``gate.GateAhead``)."""
+    ahead = gate.GateAhead(settings, result.id)
+    try:
+        apply_decoded(spark, settings, source, result, files, decoded, state, table_filter=table_filter, gate_ahead=ahead)
+        if result.pending(Status.WRITTEN):
+            validate_batch(settings, result, spark, in_write_job=in_write_job, ahead=ahead)
+    finally:
+        ahead.close()
 
 
 def skip_batch(settings: Settings, source: SourceConfig, result: BatchResult, *, dry_run: bool = False) -> BatchResult:
@@ -654,17 +670,7 @@ def validate_batch(
         spark = spark or get_spark(settings)
         spec = tables.TableSpec(identifier=tr.table, short=tr.table.split(".", 1)[1], key_columns=tr.key_columns, columns={})
         try:
-            if tr.branch_snapshot is not None and branches.branch_snapshot(spark, spec, tr.audit_branch) != tr.branch_snapshot:
-                raise ConcurrentApply(f"branch {tr.branch!r} moved from snapshot {tr.branch_snapshot} (this run's write)")
-            branch_df = (
-                branches.read_branch(spark, spec, tr.audit_branch)
-                if tr.branch_snapshot is None
-                else read_snapshot(spark, spec, tr.branch_snapshot)
-            )
-            gx_result = ahead.result(tr.table, tr.branch_snapshot) if ahead is not None else None
-            if gx_result is None:
-                with tr.timed("gate"):
-                    gx_result = gate.run_gx(settings, branch_df, tr.table, tr.key_columns, result.id)
+            gx_result = _run_suites(settings, spark, spec, tr, result.id, ahead)
         except Exception as exc:  # GX or Spark broke, or another run took the branch: not a data verdict, may be retried
             log.exception("validation of %s failed to run", tr.table)
             if in_write_job:  # the validate stage runs it again, in its own job
@@ -694,6 +700,23 @@ def validate_batch(
             tr.status, tr.gate = Status.VALIDATED, "passed"
     result.fail_if_any()
     return result
+
+
+def _run_suites(
+    settings: Settings, spark: SparkSession, spec: tables.TableSpec, tr: TableResult, batch_id: str, ahead: gate.GateAhead | None
+) -> gate.GateResult:
+    """The GX suites' result on the branch head the write left (``tr``),
+    taken from ``ahead`` when the write started them for that head."""
+    if tr.branch_snapshot is not None and branches.branch_snapshot(spark, spec, tr.audit_branch) != tr.branch_snapshot:
+        raise ConcurrentApply(f"branch {tr.branch!r} moved from snapshot {tr.branch_snapshot} (this run's write)")
+    got = ahead.result(tr.table, tr.branch_snapshot) if ahead is not None else None
+    if got is not None:
+        return got
+    branch_df = (
+        branches.read_branch(spark, spec, tr.audit_branch) if tr.branch_snapshot is None else read_snapshot(spark, spec, tr.branch_snapshot)
+    )
+    with tr.timed("gate"):
+        return gate.run_gx(settings, branch_df, tr.table, tr.key_columns, batch_id)
 
 
 def publish_batch(settings: Settings, result: BatchResult, table: str | None = None) -> BatchResult:

@@ -77,3 +77,31 @@ def test_the_wait_for_the_catalog_ends_when_the_thread_cannot_open_it(settings, 
     waiting.join(timeout=60)
     assert not waiting.is_alive(), "the wait for the catalog outlived the thread that failed to open it"
     assert ahead.state() == {"n": 5}
+
+
+@pytest.mark.spark
+def test_the_stored_column_types_read_ahead_are_the_ones_spark_reads(spark, settings):
+    """Schemaless Debezium messages are typed by the stored tables' column
+    types, read with pyiceberg on the thread: they must be Spark's names,
+    type for type, for the project's own tables and every type Spark writes."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import NestedField, TimeType
+
+    from cdc_apply.apply import tables
+    from tests.apply_harness import apply_events, event
+
+    ns, cat = "ahead_types", settings.catalog_name
+    assert apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.50"}, pos=1)]).status == "complete"
+    spark.sql(
+        f"CREATE TABLE {cat}.{ns}.every_type (b boolean, i int, sm smallint, l bigint, f float, d double, n decimal(12,2), "
+        "dt date, ts timestamp, tsn timestamp_ntz, s string, bin binary, arr array<string>, m map<string,bigint>, "
+        "st struct<x:int,y:decimal(5,1)>, _cdc_position string) USING iceberg"
+    )
+    by_spark = tables.stored_column_types(spark, cat, ns)
+    ahead = ledger.DecoderStateAhead(settings, "ahead_types", ns).stored_types()
+    assert ahead == by_spark
+    assert {"items", "items_changes", "every_type"} <= set(ahead)
+    assert ledger.DecoderStateAhead(settings, "ahead_types", "ahead_no_such_ns").stored_types() == {}
+    ledger.Ledger(settings).catalog.create_table((ns, "clock"), schema=Schema(NestedField(1, "t", TimeType(), required=False)))
+    assert ledger.DecoderStateAhead(settings, "ahead_types", ns).stored_types() is None  # a type not named: the job asks Spark
+    assert ledger.DecoderStateAhead(settings, "ahead_types").stored_types() is None  # not asked for

@@ -112,7 +112,8 @@ def run_batch(
         return skip_batch(settings, source, result, dry_run=dry_run)
     from cdc_apply.runtime.session import get_spark
 
-    decoder_state = ledger.DecoderStateAhead(settings, source.name)
+    typed_by_stored = source.format in ("debezium_postgres", "debezium_sqlserver")
+    decoder_state = ledger.DecoderStateAhead(settings, source.name, source.namespace if typed_by_stored else None)
     spark = spark or get_spark(settings)
     if "validate" in stages and not dry_run:
         gate.preload_great_expectations()
@@ -184,8 +185,15 @@ def _decode_context(
     decoder_state.catalog_opened()
     if source.format in ("debezium_postgres", "debezium_sqlserver"):
         t0 = time.time()
-        stored_types = tables.stored_column_types(spark, settings.catalog_name, source.namespace)
-        log.info("batch %s: column types of %d stored table(s) read in %.2f s", batch_id, len(stored_types), time.time() - t0)
+        ahead = decoder_state.stored_types()
+        stored_types = tables.stored_column_types(spark, settings.catalog_name, source.namespace) if ahead is None else ahead
+        log.info(
+            "batch %s: column types of %d stored table(s) read in %.2f s%s",
+            batch_id,
+            len(stored_types),
+            time.time() - t0,
+            "" if ahead is None else " (read ahead)",
+        )
     return DecodeContext(
         source=source.name,
         primary_keys=source.primary_keys,

@@ -232,10 +232,10 @@ class DecoderStateAhead:
     the thread (the catalog locked, an import race) is made again by
     ``state``'s caller, who then sees the error."""
 
-    def __init__(self, settings: Settings, source: str) -> None:
-        self._settings, self._source = settings, source
+    def __init__(self, settings: Settings, source: str, types_of: str | None = None) -> None:
+        self._settings, self._source, self._types_of = settings, source, types_of
         self._opened = threading.Event()
-        self._got: dict[str, dict[str, Any]] = {}
+        self._got: dict[str, Any] = {}
         self._thread = threading.Thread(target=self._read, name="read-decoder-state")
         self._thread.start()
 
@@ -245,6 +245,10 @@ class DecoderStateAhead:
             led.catalog  # noqa: B018  opens it (creates a new catalog's tables)
             self._opened.set()
             self._got["state"] = led.latest_decoder_state(self._source)
+            if self._types_of is not None:
+                from cdc_apply.apply.tables import stored_column_types_in
+
+                self._got["types"] = stored_column_types_in(led.catalog, self._types_of)
         except Exception:
             log.debug("reading the decoder state ahead failed; read again when needed", exc_info=True)
         finally:
@@ -257,6 +261,13 @@ class DecoderStateAhead:
     def state(self) -> dict[str, Any]:
         self._thread.join()
         return self._got["state"] if "state" in self._got else Ledger(self._settings).latest_decoder_state(self._source)
+
+    def stored_types(self) -> dict[str, dict[str, str]] | None:
+        """The column types of namespace ``types_of``'s tables
+        (``tables.stored_column_types_in``), None when not read (the caller
+        asks Spark)."""
+        self._thread.join()
+        return self._got.get("types")
 
 
 class Ledger:

@@ -220,6 +220,64 @@ def _isin(column: str, values: Iterable[str]) -> Any:
     return In(column, tuple(values))  # type: ignore[call-arg, arg-type]
 
 
+_SPARK_NAMES = {
+    "boolean": "boolean",
+    "int": "int",
+    "long": "bigint",
+    "float": "float",
+    "double": "double",
+    "date": "date",
+    "timestamptz": "timestamp",
+    "timestamp": "timestamp_ntz",
+    "string": "string",
+    "uuid": "string",
+    "binary": "binary",
+}
+"""Iceberg's primitive types (pyiceberg's names) by the name Spark reads them as."""
+
+
+def stored_column_types(catalog: Any, namespace: str) -> dict[str, dict[str, str]] | None:
+    """``apply.tables.stored_column_types`` read with pyiceberg (``catalog``),
+    without Spark: a job reads them while its session starts.  None when a
+    column has a type not named here (the caller then asks Spark)."""
+    from pyiceberg.exceptions import NoSuchNamespaceError
+
+    try:
+        identifiers = catalog.list_tables(namespace)
+    except NoSuchNamespaceError:
+        return {}
+    out = {}
+    for ident in identifiers:
+        name = ident[-1]
+        if name.endswith("_live"):
+            continue
+        columns = {f.name: _spark_type(f.field_type) for f in catalog.load_table(ident).schema().fields if not f.name.startswith("_cdc_")}
+        if None in columns.values():
+            return None
+        out[name] = {c: t for c, t in columns.items() if t is not None}
+    return out
+
+
+def _spark_type(t: Any) -> str | None:
+    """The Spark type name (``DataType.simpleString``) of a pyiceberg type."""
+    from pyiceberg.types import DecimalType, FixedType, ListType, MapType, StructType
+
+    if isinstance(t, DecimalType):
+        return f"decimal({t.precision},{t.scale})"
+    if isinstance(t, FixedType):
+        return "binary"
+    if isinstance(t, ListType):
+        element = _spark_type(t.element_type)
+        return element and f"array<{element}>"
+    if isinstance(t, MapType):
+        key, value = _spark_type(t.key_type), _spark_type(t.value_type)
+        return key and value and f"map<{key},{value}>"
+    if isinstance(t, StructType):
+        fields = [(f.name, _spark_type(f.field_type)) for f in t.fields]
+        return None if any(ft is None for _, ft in fields) else f"struct<{','.join(f'{n}:{ft}' for n, ft in fields)}>"
+    return _SPARK_NAMES.get(str(t))
+
+
 class DecoderStateAhead:
     """The source's latest decoder state, read from the ledger on a thread of
     its own while the Spark session starts.
@@ -246,9 +304,7 @@ class DecoderStateAhead:
             self._opened.set()
             self._got["state"] = led.latest_decoder_state(self._source)
             if self._types_of is not None:
-                from cdc_apply.apply.tables import stored_column_types_in
-
-                self._got["types"] = stored_column_types_in(led.catalog, self._types_of)
+                self._got["types"] = stored_column_types(led.catalog, self._types_of)
         except Exception:
             log.debug("reading the decoder state ahead failed; read again when needed", exc_info=True)
         finally:
@@ -264,8 +320,8 @@ class DecoderStateAhead:
 
     def stored_types(self) -> dict[str, dict[str, str]] | None:
         """The column types of namespace ``types_of``'s tables
-        (``tables.stored_column_types_in``), None when not read (the caller
-        asks Spark)."""
+        (``stored_column_types``), None when not read (the caller asks
+        Spark)."""
         self._thread.join()
         return self._got.get("types")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -373,61 +372,3 @@ def stored_column_types(spark: SparkSession, catalog: str, namespace: str) -> di
         fields = spark.table(f"{catalog}.{namespace}.{name}").schema.fields
         out[name] = {f.name: f.dataType.simpleString() for f in fields if not f.name.startswith("_cdc_")}
     return out
-
-
-_SPARK_NAMES = {
-    "boolean": "boolean",
-    "int": "int",
-    "long": "bigint",
-    "float": "float",
-    "double": "double",
-    "date": "date",
-    "timestamptz": "timestamp",
-    "timestamp": "timestamp_ntz",
-    "string": "string",
-    "uuid": "string",
-    "binary": "binary",
-}
-"""Iceberg's primitive types (pyiceberg's names) by the name Spark reads them as."""
-
-
-def stored_column_types_in(catalog: Any, namespace: str) -> dict[str, dict[str, str]] | None:
-    """``stored_column_types`` read with pyiceberg (``catalog``), without
-    Spark: a job reads them while its session starts.  None when a column
-    has a type not named here (the caller then asks Spark)."""
-    from pyiceberg.exceptions import NoSuchNamespaceError
-
-    try:
-        identifiers = catalog.list_tables(namespace)
-    except NoSuchNamespaceError:
-        return {}
-    out = {}
-    for ident in identifiers:
-        name = ident[-1]
-        if name.endswith("_live"):
-            continue
-        columns = {f.name: _spark_type(f.field_type) for f in catalog.load_table(ident).schema().fields if not f.name.startswith("_cdc_")}
-        if None in columns.values():
-            return None
-        out[name] = {c: t for c, t in columns.items() if t is not None}
-    return out
-
-
-def _spark_type(t: Any) -> str | None:
-    """The Spark type name (``DataType.simpleString``) of a pyiceberg type."""
-    from pyiceberg.types import DecimalType, FixedType, ListType, MapType, StructType
-
-    if isinstance(t, DecimalType):
-        return f"decimal({t.precision},{t.scale})"
-    if isinstance(t, FixedType):
-        return "binary"
-    if isinstance(t, ListType):
-        element = _spark_type(t.element_type)
-        return element and f"array<{element}>"
-    if isinstance(t, MapType):
-        key, value = _spark_type(t.key_type), _spark_type(t.value_type)
-        return key and value and f"map<{key},{value}>"
-    if isinstance(t, StructType):
-        fields = [(f.name, _spark_type(f.field_type)) for f in t.fields]
-        return None if any(ft is None for _, ft in fields) else f"struct<{','.join(f'{n}:{ft}' for n, ft in fields)}>"
-    return _SPARK_NAMES.get(str(t))

@@ -6,9 +6,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 
-from cdc_apply.apply.gate import GateAhead
 from cdc_apply.archive.files import ArchiveFile
-from cdc_apply.batch import BatchResult, apply_decoded, finish_batch, publish_batch, validate_batch
+from cdc_apply.batch import BatchResult, apply_decoded, finish_batch, publish_batch, write_and_validate
 from cdc_apply.config import SourceConfig
 from cdc_apply.decode.stage import outcomes_frame
 from cdc_apply.model import ChangeEvent, Outcome
@@ -67,15 +66,10 @@ def apply_events(
         override=override.__dict__ if override else None,
     )
     decoded = outcomes_frame(spark, outcomes)
-    # as a job that validates does: each table's GX suites start when its branch is written
-    ahead = GateAhead(settings, result.id) if "validate" in stages else None
-    try:
-        result = apply_decoded(spark, settings, source, result, files, decoded, decoder_state, gate_ahead=ahead)
-        if ahead is not None:
-            validate_batch(settings, result, spark, ahead=ahead)
-    finally:
-        if ahead is not None:
-            ahead.close()
+    if "validate" in stages:  # as a job that validates: each table's GX suites start when its branch is written
+        write_and_validate(spark, settings, source, result, files, decoded, decoder_state, None, in_write_job=False)
+    else:
+        apply_decoded(spark, settings, source, result, files, decoded, decoder_state)
     if "publish" not in stages:
         return result
     publish_batch(settings, result)

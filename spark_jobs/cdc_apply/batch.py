@@ -47,6 +47,8 @@ log = logging.getLogger("cdc_apply")
 
 
 STAGES = ("write", "validate", "publish")
+TYPED_BY_STORED_TABLES = ("debezium_postgres", "debezium_sqlserver")
+"""Formats whose schemaless messages take the stored tables' column types (``_decode_context``)."""
 
 
 def batch_id_for(source: str, files: list[ArchiveFile]) -> str:
@@ -112,8 +114,7 @@ def run_batch(
         return skip_batch(settings, source, result, dry_run=dry_run)
     from cdc_apply.runtime.session import get_spark
 
-    typed_by_stored = source.format in ("debezium_postgres", "debezium_sqlserver")
-    decoder_state = ledger.DecoderStateAhead(settings, source.name, source.namespace if typed_by_stored else None)
+    decoder_state = ledger.DecoderStateAhead(settings, source.name, source.namespace if source.format in TYPED_BY_STORED_TABLES else None)
     spark = spark or get_spark(settings)
     if "validate" in stages and not dry_run:
         gate.preload_great_expectations()
@@ -123,7 +124,7 @@ def run_batch(
     if dry_run or "validate" not in stages:
         apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter)
     else:
-        _write_and_validate(spark, settings, source, result, files, decoded, new_state, table_filter, in_write_job="publish" not in stages)
+        write_and_validate(spark, settings, source, result, files, decoded, new_state, table_filter, in_write_job="publish" not in stages)
     if not dry_run and "publish" in stages:
         publish_batch(settings, result)
         finish_batch(settings, result)
@@ -131,14 +132,14 @@ def run_batch(
     return result
 
 
-def _write_and_validate(
+def write_and_validate(
     spark: SparkSession,
     settings: Settings,
     source: SourceConfig,
     result: BatchResult,
     files: list[ArchiveFile],
     decoded: DataFrame,
-    state: dict[str, Any],
+    state: dict[str, Any] | None,
     table_filter: str | None,
     *,
     in_write_job: bool,
@@ -183,7 +184,7 @@ def _decode_context(
     types that schemaless messages are typed by."""
     stored_types: dict[str, dict[str, str]] = {}
     decoder_state.catalog_opened()
-    if source.format in ("debezium_postgres", "debezium_sqlserver"):
+    if source.format in TYPED_BY_STORED_TABLES:
         t0 = time.time()
         ahead = decoder_state.stored_types()
         stored_types = tables.stored_column_types(spark, settings.catalog_name, source.namespace) if ahead is None else ahead

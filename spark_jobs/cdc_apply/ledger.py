@@ -251,10 +251,14 @@ def stored_column_types(catalog: Any, namespace: str) -> dict[str, dict[str, str
         name = ident[-1]
         if name.endswith("_live"):
             continue
-        columns = {f.name: _spark_type(f.field_type) for f in catalog.load_table(ident).schema().fields if not f.name.startswith("_cdc_")}
-        if None in columns.values():
-            return None
-        out[name] = {c: t for c, t in columns.items() if t is not None}
+        columns = {}
+        for f in catalog.load_table(ident).schema().fields:
+            if not f.name.startswith("_cdc_"):
+                spark_type = _spark_type(f.field_type)
+                if spark_type is None:
+                    return None
+                columns[f.name] = spark_type
+        out[name] = columns
     return out
 
 

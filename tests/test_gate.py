@@ -8,6 +8,9 @@ import itertools
 import json
 
 import pytest
+from hypothesis import HealthCheck, example, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from cdc_apply import ledger
 from cdc_apply.apply import branches, merge
@@ -246,6 +249,62 @@ def test_reconciliation_names_what_is_wrong(spark, case):
     counts = {"inserted": 0, "deleted": 1, "keys": len(folded_rows)}
     failed = gate.reconcile(branch, 3, branch.where("NOT _cdc_deleted").count(), folded, ["id"], counts, main)
     assert sorted(f.split("(")[0] for f in failed) == expected, failed
+
+
+def _reconcile_oracle(branch_rows, main_rows, folded_rows) -> set[str]:
+    """The reconciliation checks in plain Python, row by row: the batch's keys'
+    rows in the branch and in main against its net changes."""
+    failed = set()
+    for key, action, pos in folded_rows:
+        held = [(p, d) for k, p, d in branch_rows if k == key]
+        before = [p for k, p, _ in main_rows if k == key]
+        if len(held) > 1:
+            failed.add("reconcile_key_unique")
+        if any(p < m for p, _ in held for m in before):
+            failed.add("reconcile_no_position_regression")
+        if action == "delete" and any(not d for _, d in held):
+            failed.add("reconcile_deleted_keys_absent")
+        if action == "upsert" and (not held or any(d or p != pos for p, d in held)):
+            failed.add("reconcile_upserted_keys_present")
+    return failed
+
+
+_POS = st.sampled_from(["01", "03", "05"])
+
+
+_KEY = st.tuples(
+    st.one_of(st.none(), st.tuples(st.sampled_from(["upsert", "delete", "fill"]), _POS)),  # the batch's net change, if any
+    st.lists(st.tuples(_POS, st.booleans()), max_size=2),  # the branch's rows (position, deleted)
+    st.one_of(st.none(), _POS),  # main's row
+)
+
+
+@hsettings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(_KEY, min_size=1, max_size=3))
+@example([(("upsert", "03"), [("03", True)], None)])  # held at the batch's position, but as a tombstone
+@example([(("delete", "05"), [("05", False)], "03"), (None, [("01", False), ("01", False)], None)])  # a twin outside the batch
+def test_reconciliation_agrees_with_a_row_by_row_reading(spark, keys):
+    """Random keys: in the batch or not, held by the branch zero to two times,
+    deleted or not, at the batch's position or another, and in main or not.
+    The checks that fail are the ones a row-by-row reading finds."""
+    from cdc_apply.apply import gate
+
+    schema = "id int, _cdc_position string, _cdc_deleted boolean"
+    folded_rows = [(k, *change) for k, (change, _, _) in enumerate(keys) if change]
+    branch = [(k, pos, deleted) for k, (_, held, _) in enumerate(keys) for pos, deleted in held]
+    main_rows = [(k, pos, False) for k, (_, _, pos) in enumerate(keys) if pos]
+    counts = {"inserted": 0, "deleted": 0, "keys": len(folded_rows)}
+    live = sum(1 for r in branch if not r[2])
+    failed = gate.reconcile(
+        spark.createDataFrame(branch, schema),
+        live,
+        live,
+        spark.createDataFrame(folded_rows, "id int, _cdc_action string, _cdc_pos string"),
+        ["id"],
+        counts,
+        spark.createDataFrame(main_rows, schema),
+    )
+    assert {f.split("(")[0] for f in failed} == _reconcile_oracle(branch, main_rows, folded_rows)
 
 
 def test_great_expectations_is_imported_beside_the_write_and_a_job_ending_first_waits_for_it():

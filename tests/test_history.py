@@ -18,9 +18,15 @@ HISTORY = {"items": "scd2"}
 
 
 def stored_history(spark, settings, ns: str) -> list[dict]:
+    """The history table's versions; none when the table was never made (a
+    workload of truncates alone creates no table, so no history)."""
+    from cdc_apply.apply.tables import table_exists
+
+    ident = f"{settings.catalog_name}.{ns}.items_history"
+    if not table_exists(spark, ident):
+        return []
     rows = spark.sql(
-        f"SELECT {as_text(COLS)}, _cdc_valid_from, _cdc_valid_to, _cdc_op, _cdc_closed_by, _cdc_current "
-        f"FROM {settings.catalog_name}.{ns}.items_history"
+        f"SELECT {as_text(COLS)}, _cdc_valid_from, _cdc_valid_to, _cdc_op, _cdc_closed_by, _cdc_current FROM {ident}"
     ).collect()
     return sorted(
         (
@@ -59,6 +65,33 @@ def test_history_equals_the_reference_model_in_any_delivery_order(spark, setting
     for batch in batches:
         result = apply_events(spark, settings, ns, batch, history=HISTORY)
         assert result.status == "complete", result.message
+    assert stored_history(spark, settings, ns) == model_history([e for b in batches for e in b])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: found by the property test above at stop 37; key 1's version from position 20 is stored closed by "
+    "the truncate at 50, where the model closes it at the truncate at 30 (seed 0, two batches, any delivery order)",
+)
+def test_a_version_between_two_truncates_delivered_apart_is_closed_by_the_first(spark, settings):
+    """The property test's shrunk example, kept: a partial update of key 1 at
+    20, truncates at 30 and 50, other keys around them, delivered in two
+    batches in the order seed 0 deals them."""
+    import dataclasses
+
+    events = [
+        event("c", 1, {"name": None, "amount": None}, pos=10),
+        event("u", 1, {}, pos=20),
+        dataclasses.replace(event("t", 0, pos=30), key_columns=[]),
+        event("c", 3, {"name": "", "amount": None}, pos=40),
+        dataclasses.replace(event("t", 0, pos=50), key_columns=[]),
+        event("u", 2, {"name": "x y"}, pos=60),
+        event("c", 2, {"name": "a", "amount": "-7229.11"}, pos=70),
+    ]
+    ns = f"hist_{next(_ns)}"
+    batches = stamp(deliver(events, 0, 2, log_order=False), ns)
+    for batch in batches:
+        assert apply_events(spark, settings, ns, batch, history=HISTORY).status == "complete"
     assert stored_history(spark, settings, ns) == model_history([e for b in batches for e in b])
 
 

@@ -87,12 +87,17 @@ def ensure_table(spark: SparkSession, ident: str, spec: tables.TableSpec, source
         spark.table(ident).limit(0).writeTo(ident).append()
 
 
-def write(work: Any, spec: tables.TableSpec, files: list[ArchiveFile], changelog_head: int | None) -> tuple[str, int] | None:
+def write(
+    work: Any, spec: tables.TableSpec, files: list[ArchiveFile], changelog_head: int | None, truncated_before: str | None = None
+) -> tuple[str, int] | None:
     """Recompute the versions of the keys the batch's files (not yet in the
     history) touch, onto the batch's audit branch; returns (identifier, branch
     head) for the publish, None when the history holds every file already.
     ``changelog_head``: the change log's audit-branch head of this batch (None:
-    main holds the files already)."""
+    main holds the files already).  ``truncated_before``: the position of a
+    truncate that came before the table was in the lake (its watermark in the
+    source state): no change log holds it, and it still ends the lives of
+    events older than it that arrive later."""
     spark, batch_id = work.spark, work.batch_id
     ident = identifier(spec.identifier)
     ensure_table(spark, ident, spec, work.source.name)
@@ -104,6 +109,11 @@ def write(work: Any, spec: tables.TableSpec, files: list[ArchiveFile], changelog
     log_ident = changelog.identifier(spec.identifier)
     logged = spark.table(log_ident) if changelog_head is None else spark.read.option("versionAsOf", changelog_head).table(log_ident)
     logged = logged.withColumn("_k", F.to_json("key"))
+    if truncated_before is not None:
+        mark = spark.createDataFrame(
+            [(batch_id, "t", truncated_before, "", 0)], "batch_id string, op string, position string, file string, line bigint"
+        )
+        logged = logged.unionByName(mark, allowMissingColumns=True)
     paths = [f.path for f in new]
     mine = logged.where(F.col("file").isin(paths))
     if not (led and led.files) or mine.where("op = 't'").limit(1).count():  # a new history, or a truncate: every key

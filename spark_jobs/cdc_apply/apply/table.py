@@ -144,7 +144,7 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
             if log_write:
                 log_write.result()
             with tr.timed("history"):
-                tr.history, tr.history_snapshot = history.write(work, spec, new_files, tr.changelog_snapshot) or (None, None)
+                tr.history, tr.history_snapshot = history.write(work, spec, new_files, tr.changelog_snapshot, watermark) or (None, None)
         _write(work, spec, ev.where("op <> 't'"), meta, truncs, truncated_at, new_files, tr, led, log_write)
     finally:
         if log_write:

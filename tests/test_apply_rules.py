@@ -710,6 +710,7 @@ def test_new_keys_are_appended_and_stored_keys_merged_in_one_batch(spark, settin
     snaps = _batch_snapshots(spark, ident, r.batch_id)
     assert [op for op, _ in snaps] == ["overwrite", "append"], snaps
     assert snaps[1][1]["added-records"] == "4" and "deleted-data-files" not in snaps[1][1], snaps
+    assert snaps[1][1]["added-data-files"] == "1", snaps  # a few new keys: one file, not one per shuffle partition
     assert snaps[0][1]["spark.merge-into.num-target-rows-updated"] == "2", snaps
     # a late event fills the column the new key's partial row never set; a late insert of the new tombstone stays out
     b3 = [
@@ -740,7 +741,7 @@ def test_a_foreign_commit_between_a_runs_writes_fails_it_as_concurrent(spark, se
     apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
     real_append = merge.append_new_keys
 
-    def other_run_commits_first(spark_, spec, branch, source, batch_id):
+    def other_run_commits_first(spark_, spec, branch, source, batch_id, rows=None):
         key = "spark.sql.iceberg.snapshot-property." + branches.ATTEMPT_PROPERTY
         mine = spark_.conf.get(key)
         spark_.conf.set(key, "another-run")
@@ -748,7 +749,7 @@ def test_a_foreign_commit_between_a_runs_writes_fails_it_as_concurrent(spark, se
             branches.ledger_commit(spark_, spec, branch)
         finally:
             spark_.conf.set(key, mine)
-        real_append(spark_, spec, branch, source, batch_id)
+        real_append(spark_, spec, branch, source, batch_id, rows)
 
     monkeypatch.setattr(merge, "append_new_keys", other_run_commits_first)
     batch = [event("u", 1, {"name": "b"}, pos=10), event("c", 2, {"name": "n", "amount": "2.00"}, pos=11)]

@@ -5,6 +5,7 @@ truncate watermark.  Branches themselves: ``branches``."""
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -98,7 +99,7 @@ def merge_changes(
     if stored_keys:
         _merge(spark, spec, branch, source.where(stored), batch_id, key_ranges, matched_only=True, whole_rows=whole_rows)
     if new_keys:
-        append_new_keys(spark, spec, branch, source.where(~stored), batch_id)
+        append_new_keys(spark, spec, branch, source.where(~stored), batch_id, rows=new_keys)
 
 
 def _merge(
@@ -129,16 +130,26 @@ def run_with_view(spark: SparkSession, df: DataFrame, view: str, sql: Callable[[
         spark.catalog.dropTempView(view)
 
 
-def append_new_keys(spark: SparkSession, spec: TableSpec, branch: str, source: DataFrame, batch_id: str) -> None:
+ROWS_PER_APPENDED_FILE = 100_000
+"""New keys per data file of the append (at most one file per partition of
+the net changes).  Without it, every shuffle partition writes a file: an
+hourly batch's ~300 new keys went in as 8 files of ~40 rows, which every
+later read opens until maintenance compacts them."""
+
+
+def append_new_keys(spark: SparkSession, spec: TableSpec, branch: str, source: DataFrame, batch_id: str, rows: int | None = None) -> None:
     """Append the net changes of keys the branch does not hold (no stored
     row, no tombstone: ``_cdc_stored_pos`` NULL in the labelling) as new rows,
     exactly as the MERGE's ``WHEN NOT MATCHED`` clause would insert them: an
     append commit that rewrites no data file.  A key whose last event is a
     delete goes in as a tombstone; a partial row leaves the columns no event
-    set NULL, their ``_cdc_col_pos`` at ``NEVER_SET``."""
+    set NULL, their ``_cdc_col_pos`` at ``NEVER_SET``.  With their count
+    (``rows``), the rows go in as one file per :data:`ROWS_PER_APPENDED_FILE`;
+    ``source`` is read from the batch's cached net changes, so fewer tasks
+    recompute nothing."""
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
     cols = [F.col(quote(c)) for c in spec.key_columns + data_cols]
-    rows = source.select(
+    out = source.select(
         *cols,
         F.col(META_POS).alias("_cdc_position"),
         F.col("_cdc_op"),
@@ -152,7 +163,9 @@ def append_new_keys(spark: SparkSession, spec: TableSpec, branch: str, source: D
         F.col("_cdc_inh").alias("_cdc_inherited"),
         F.when(F.col("_cdc_action") == "delete", F.col("_cdc_endcid")).alias("_cdc_deleted_by"),
     )
-    rows.writeTo(branch_ref(spec, branch)).append()
+    if rows is not None:
+        out = out.coalesce(max(1, math.ceil(rows / ROWS_PER_APPENDED_FILE)))
+    out.writeTo(branch_ref(spec, branch)).append()
 
 
 def new_col_pos(data_cols: list[str], s: str) -> str:

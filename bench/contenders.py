@@ -143,6 +143,9 @@ def project_apply(spark, settings, source: str, paths: list[str], *, profile_to:
     _job_group(spark, "bench")
     if result.status != "complete":
         raise RuntimeError(f"project batch on {source} ended {result.status}: {result.message}")
+    if not result.tables or any(t.status == "skipped" for t in result.tables):
+        # a figure of a batch that applied nothing would be a fast lie
+        raise RuntimeError(f"project batch on {source} applied nothing (its files were applied before): {result.message}")
     out = {
         "seconds": seconds,
         "status": result.status,

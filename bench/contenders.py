@@ -31,6 +31,7 @@ import json
 import multiprocessing as mp
 import os
 import pstats
+import shutil
 import subprocess
 import sys
 import threading
@@ -77,8 +78,11 @@ def sources_yaml(names: list[str], merge_mode: str | None = None) -> str:
 def prepare_home(home: Path, sources: list[str], merge_mode: str | None = None) -> dict[str, str]:
     """A fresh CDC_HOME (own SQLite catalog and warehouse) and a sources file
     (``merge_mode`` for every source; None: the project's default); returns
-    the environment variables, also set in ``os.environ``."""
-    home.mkdir(parents=True, exist_ok=True)
+    the environment variables, also set in ``os.environ``.  A home left by
+    an earlier run (a kept ``--workdir``) is emptied first: its catalog would
+    count the run's files as applied."""
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
     sf = home / "sources.yaml"
     sf.write_text(sources_yaml(sources, merge_mode))
     env = {

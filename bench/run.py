@@ -214,8 +214,6 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     reuse_scale = args.scale_events == args.events and args.scale_small_rows == args.base_rows
     sources = ["bench", "bench_l"] + ([] if reuse_scale else ["bench_s"])
-    # a kept --workdir holds the last run's catalog: its files would count as applied
-    shutil.rmtree(workdir / "home", ignore_errors=True)
     env = C.prepare_home(workdir / "home", sources, args.merge_mode)
     from cdc_apply.config import Settings
 

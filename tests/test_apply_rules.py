@@ -741,7 +741,7 @@ def test_a_foreign_commit_between_a_runs_writes_fails_it_as_concurrent(spark, se
     apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
     real_append = merge.append_new_keys
 
-    def other_run_commits_first(spark_, spec, branch, source, batch_id, rows=None):
+    def other_run_commits_first(spark_, spec, branch, source, batch_id, rows):
         key = "spark.sql.iceberg.snapshot-property." + branches.ATTEMPT_PROPERTY
         mine = spark_.conf.get(key)
         spark_.conf.set(key, "another-run")

@@ -137,16 +137,15 @@ hourly batch's ~300 new keys went in as 8 files of ~40 rows, which every
 later read opens until maintenance compacts them."""
 
 
-def append_new_keys(spark: SparkSession, spec: TableSpec, branch: str, source: DataFrame, batch_id: str, rows: int | None = None) -> None:
+def append_new_keys(spark: SparkSession, spec: TableSpec, branch: str, source: DataFrame, batch_id: str, rows: int) -> None:
     """Append the net changes of keys the branch does not hold (no stored
     row, no tombstone: ``_cdc_stored_pos`` NULL in the labelling) as new rows,
     exactly as the MERGE's ``WHEN NOT MATCHED`` clause would insert them: an
     append commit that rewrites no data file.  A key whose last event is a
     delete goes in as a tombstone; a partial row leaves the columns no event
-    set NULL, their ``_cdc_col_pos`` at ``NEVER_SET``.  With their count
-    (``rows``), the rows go in as one file per :data:`ROWS_PER_APPENDED_FILE`;
-    ``source`` is read from the batch's cached net changes, so fewer tasks
-    recompute nothing."""
+    set NULL, their ``_cdc_col_pos`` at ``NEVER_SET``.  The ``rows`` new keys
+    go in as one file per :data:`ROWS_PER_APPENDED_FILE`: ``source`` reads the
+    batch's cached net changes, so fewer tasks recompute nothing."""
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
     cols = [F.col(quote(c)) for c in spec.key_columns + data_cols]
     out = source.select(
@@ -163,9 +162,7 @@ def append_new_keys(spark: SparkSession, spec: TableSpec, branch: str, source: D
         F.col("_cdc_inh").alias("_cdc_inherited"),
         F.when(F.col("_cdc_action") == "delete", F.col("_cdc_endcid")).alias("_cdc_deleted_by"),
     )
-    if rows is not None:
-        out = out.coalesce(max(1, math.ceil(rows / ROWS_PER_APPENDED_FILE)))
-    out.writeTo(branch_ref(spec, branch)).append()
+    out.coalesce(max(1, math.ceil(rows / ROWS_PER_APPENDED_FILE))).writeTo(branch_ref(spec, branch)).append()
 
 
 def new_col_pos(data_cols: list[str], s: str) -> str:

@@ -117,3 +117,23 @@ def test_a_source_table_named_like_a_change_log_is_refused_not_appended_to(spark
     # the change log's write runs beside the table's labelling: its failure stops the table before its MERGE
     written = spark.sql(f"SELECT * FROM {settings.catalog_name}.{ns}.items.snapshots").where("summary['added-records'] > 0")
     assert written.count() == 0
+
+
+def test_a_batch_spanning_days_logs_each_change_in_its_day(spark, settings, ns):
+    """The change log is partitioned by day of commit time: changes of three
+    days, interleaved in the batch, each land in their day's partition, all
+    of them once."""
+    f = f"/virtual/{ns}/days.jsonl"
+    day_us = 86_400_000_000
+    evs = []
+    for i in range(12):
+        e = event("c", i + 1, {"name": f"n{i}", "amount": "1.00"}, pos=i + 1, file=f, line=i + 1)
+        e.commit_ts_us += (i % 3) * day_us
+        evs.append(e)
+    r = apply_events(spark, settings, ns, evs)
+    assert r.status == "complete", r.message
+    ident = f"{settings.catalog_name}.{ns}.items_changes"
+    rows = spark.sql(f"SELECT line, to_date(commit_ts) AS day, _partition.commit_ts_day AS part FROM {ident}").collect()
+    assert sorted(r["line"] for r in rows) == list(range(1, 13))
+    assert len({r["day"] for r in rows}) == 3
+    assert all(r["part"] == r["day"] for r in rows), rows

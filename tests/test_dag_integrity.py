@@ -74,6 +74,24 @@ def test_submit_spec_tunes_the_short_lived_jvm(monkeypatch, tmp_path, dagbag):
     assert submit_spec(Settings.from_env(), os.environ).conf["spark.driver.extraJavaOptions"] == ""
 
 
+def test_every_driver_builds_expressions_without_capturing_call_sites(monkeypatch, tmp_path, dagbag):
+    """PySpark's call-site capture costs a stack walk and Py4J calls per
+    Column function (spark_conf.session_defaults): off for the DAG's jobs, a
+    Connect server and a local session alike; an override turns it back on."""
+    from cdc_apply.config import Settings
+    from cdc_apply.runtime.spark_conf import driver_conf, session_defaults
+    from cdc_apply.runtime.submit import submit_spec
+
+    key = "spark.python.sql.dataFrameDebugging.enabled"
+    monkeypatch.setenv("CDC_HOME", str(tmp_path))
+    monkeypatch.setenv("CDC_JARS_DIR", os.environ.get("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars")))
+    settings = Settings.from_env()
+    assert submit_spec(settings, os.environ).conf[key] == "false"
+    assert driver_conf(settings, short_lived=False)[key] == session_defaults(settings)[key] == "false"
+    monkeypatch.setenv("CDC_SPARK_CONF_spark__python__sql__dataFrameDebugging__enabled", "true")
+    assert submit_spec(Settings.from_env(), os.environ).conf[key] == "true"
+
+
 def test_operator_conf_of_its_own_is_submitted_as_given(monkeypatch, tmp_path, dagbag):
     """A task's own Java options reach spark-submit exactly as given, with no
     class archive written or waited for; without them the driver writes the

@@ -42,6 +42,15 @@ def session_defaults(settings: Settings) -> dict[str, str]:
         # a plan's text (for the UI and errors) past 1 MB is cut, not built:
         # a cached frame prints the plan under it, and the apply caches in steps
         "spark.sql.maxPlanStringLength": "1000000",
+        # PySpark's call-site capture for DataFrame errors, off: with it, every
+        # Column function the apply builds (thousands a batch) also walks the
+        # Python stack, tries to import IPython and makes ~6 Py4J calls to
+        # record where it was called from.  300 expressions: 0.65-1.1 s
+        # without, 2.2-3.1 s with; the hourly job 0.6 s faster (bench/README,
+        # step 13).  An expression's error still names its failing function
+        # and the action's Python traceback; only the "== DataFrame ==" call
+        # site is gone.  To have it: CDC_SPARK_CONF_spark__python__sql__dataFrameDebugging__enabled=true
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
     }
 
 

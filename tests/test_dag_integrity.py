@@ -24,6 +24,14 @@ def dagbag(tmp_path_factory):
     return DagBag(dag_folder=str(ROOT / "dags"))
 
 
+@pytest.fixture
+def cdc_home(monkeypatch, tmp_path):
+    """A CDC_HOME of the test's own, and the jars the submit spec names."""
+    monkeypatch.setenv("CDC_HOME", str(tmp_path))
+    monkeypatch.setenv("CDC_JARS_DIR", os.environ.get("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars")))
+    return tmp_path
+
+
 def test_no_import_errors(dagbag):
     assert dagbag.import_errors == {}
     assert "cdc_apply" in dagbag.dags
@@ -56,15 +64,13 @@ def test_cdc_maintenance_shape(dagbag):
     assert set(dag.params.keys()) >= {"source", "snapshot_retention_days", "tombstone_retention_days"}
 
 
-def test_submit_spec_tunes_the_short_lived_jvm(monkeypatch, tmp_path, dagbag):
+def test_submit_spec_tunes_the_short_lived_jvm(monkeypatch, cdc_home, dagbag):
     """The DAG's jobs get C1-only JIT (one JVM per batch, see bench/README.md);
     a CDC_SPARK_CONF_ override replaces it, here with nothing."""
     from cdc_apply.config import Settings
     from cdc_apply.runtime.spark_conf import DRIVER_JAVA_OPTIONS
     from cdc_apply.runtime.submit import submit_spec
 
-    monkeypatch.setenv("CDC_HOME", str(tmp_path))
-    monkeypatch.setenv("CDC_JARS_DIR", os.environ.get("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars")))
     assert (
         submit_spec(Settings.from_env(), os.environ).conf["spark.driver.extraJavaOptions"]
         == DRIVER_JAVA_OPTIONS
@@ -74,7 +80,7 @@ def test_submit_spec_tunes_the_short_lived_jvm(monkeypatch, tmp_path, dagbag):
     assert submit_spec(Settings.from_env(), os.environ).conf["spark.driver.extraJavaOptions"] == ""
 
 
-def test_every_driver_builds_expressions_without_capturing_call_sites(monkeypatch, tmp_path, dagbag):
+def test_every_driver_builds_expressions_without_capturing_call_sites(monkeypatch, cdc_home, dagbag):
     """PySpark's call-site capture costs a stack walk and Py4J calls per
     Column function (spark_conf.session_defaults): off for the DAG's jobs, a
     Connect server and a local session alike; an override turns it back on."""
@@ -83,8 +89,6 @@ def test_every_driver_builds_expressions_without_capturing_call_sites(monkeypatc
     from cdc_apply.runtime.submit import submit_spec
 
     key = "spark.python.sql.dataFrameDebugging.enabled"
-    monkeypatch.setenv("CDC_HOME", str(tmp_path))
-    monkeypatch.setenv("CDC_JARS_DIR", os.environ.get("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars")))
     settings = Settings.from_env()
     assert submit_spec(settings, os.environ).conf[key] == "false"
     assert driver_conf(settings, short_lived=False)[key] == session_defaults(settings)[key] == "false"
@@ -92,7 +96,7 @@ def test_every_driver_builds_expressions_without_capturing_call_sites(monkeypatc
     assert submit_spec(Settings.from_env(), os.environ).conf[key] == "true"
 
 
-def test_operator_conf_of_its_own_is_submitted_as_given(monkeypatch, tmp_path, dagbag):
+def test_operator_conf_of_its_own_is_submitted_as_given(monkeypatch, cdc_home, dagbag):
     """A task's own Java options reach spark-submit exactly as given, with no
     class archive written or waited for; without them the driver writes the
     archive.  The operator's conf is its own again afterwards (a retry in the
@@ -101,8 +105,6 @@ def test_operator_conf_of_its_own_is_submitted_as_given(monkeypatch, tmp_path, d
 
     from cdc_airflow.spark import CdcSparkSubmitOperator
 
-    monkeypatch.setenv("CDC_HOME", str(tmp_path))
-    monkeypatch.setenv("CDC_JARS_DIR", os.environ.get("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars")))
     submitted: list[dict] = []
     monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(dict(self.conf)))
     monkeypatch.setattr(CdcSparkSubmitOperator, "_spark_connect_url", lambda self: None)
@@ -113,10 +115,10 @@ def test_operator_conf_of_its_own_is_submitted_as_given(monkeypatch, tmp_path, d
     assert submitted[-1]["spark.driver.extraJavaOptions"] == "-Xss4m"
     assert submitted[-1]["spark.sql.shuffle.partitions"] == "3"
     assert op.conf == own
-    assert not (tmp_path / "jvm").exists()  # no lock taken, no archive planned
+    assert not (cdc_home / "jvm").exists()  # no lock taken, no archive planned
 
     op = CdcSparkSubmitOperator(task_id="default", application="x.py")
     op.execute({"params": {}})
     assert "-XX:ArchiveClassesAtExit=" in submitted[-1]["spark.driver.extraJavaOptions"]
     assert op.conf == {}
-    assert list((tmp_path / "jvm").glob("*.lock")) == []  # released after the job
+    assert list((cdc_home / "jvm").glob("*.lock")) == []  # released after the job

@@ -367,3 +367,48 @@ def test_the_live_rows_before_a_batch_are_the_ones_the_last_reconciliation_count
     assert r.status == "complete" and not t.failed_expectations and "live_rows" in t.seconds
     assert kept() == f"{main_snapshot(spark, settings, ns)}:5"
     assert live_rows(spark, settings, ns, "items", ["id"], {"id": "int"}).keys() == {(str(k),) for k in (2, 3, 4, 5, 9)}
+
+
+def test_great_expectations_is_imported_without_the_libraries_only_some_user_expectations_need():
+    """A fresh interpreter: GX's import leaves altair and scipy.stats unloaded
+    (the KL-divergence expectation imports them at module level, ~0.8 s of
+    every batch), every expectation is still registered, and the libraries
+    load whole when the gate asks (``load_deferred``)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys\n"
+        "from cdc_apply.apply import gx_import\n"
+        "gx = gx_import.import_great_expectations()\n"
+        "from great_expectations.expectations.registry import get_expectation_impl\n"
+        "get_expectation_impl('expect_column_kl_divergence_to_be_less_than')\n"
+        "assert 'scipy.stats._stats_py' not in sys.modules and 'altair.vegalite' not in sys.modules\n"
+        "gx_import.load_deferred()\n"
+        "import scipy.stats, altair\n"
+        "assert 'scipy.stats._stats_py' in sys.modules and 'altair.vegalite' in sys.modules\n"
+        "print(round(float(scipy.stats.entropy([0.5, 0.5], [0.9, 0.1])), 4), altair.Chart.__name__)\n"
+    )
+    spark_jobs = str(Path(__file__).resolve().parents[1] / "spark_jobs")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([spark_jobs, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "0.5108 Chart", done.stderr
+
+
+def test_a_user_expectation_built_on_the_deferred_libraries_judges_the_batch(spark, settings, ns, tmp_path):
+    """The KL-divergence expectation computes with scipy.stats, which the
+    gate's GX import defers: a user suite with it still judges the table,
+    passing the batch that fits the distribution (an error inside the
+    expectation would fail it) and failing the one that does not."""
+    settings = dataclasses.replace(settings, expectations_dir=tmp_path)
+    kl = {"column": "amount", "partition_object": {"bins": [0, 10, 1000], "weights": [0.9, 0.1]}, "threshold": 0.1}
+    (tmp_path / f"{ns}.items.json").write_text(
+        json.dumps({"expectations": [{"type": "expect_column_kl_divergence_to_be_less_than", "kwargs": kl}]})
+    )
+    fits = [event("c", i, {"name": "a", "amount": "5.00" if i < 10 else "500.00"}, pos=i) for i in range(1, 11)]
+    assert apply_events(spark, settings, ns, fits).status == "complete"
+    r = apply_events(spark, settings, ns, [event("u", i, {"name": "a", "amount": "500.00"}, pos=10 + i) for i in range(1, 10)])
+    t = r.tables[0]
+    assert r.status == "failed" and [f.split("(")[0] for f in t.failed_expectations] == ["expect_column_kl_divergence_to_be_less_than"]

@@ -225,18 +225,22 @@ def file_groups(items: Sequence[tuple[T, int]], slots: int, target_bytes: int = 
     """Items (files or pieces, with their sizes) dealt to tasks, largest first
     onto the least loaded task: at least ``slots`` tasks (every core busy),
     about ``target_bytes`` each (many small files share a task), never more
-    tasks than items."""
+    tasks than items.  The task count is a whole number of rounds of
+    ``slots``, and the tasks come largest first (Spark starts them in that
+    order): three equal tasks on two cores would keep one core working
+    twice as long as the other."""
     if not items:
         return []
     total = sum(size for _, size in items)
-    count = min(len(items), max(slots, -(-total // target_bytes)))
+    wanted = max(slots, -(-total // target_bytes))
+    count = min(len(items), -(-wanted // slots) * slots)
     groups: list[list[T]] = [[] for _ in range(count)]
     load = [(0, i) for i in range(count)]
     for n in sorted(range(len(items)), key=lambda n: (-items[n][1], n)):
         used, i = heapq.heappop(load)
         groups[i].append(items[n][0])
         heapq.heappush(load, (used + items[n][1], i))
-    return groups
+    return [groups[i] for _, i in sorted(load, key=lambda x: (-x[0], x[1]))]
 
 
 def decode_units(files: Sequence[tuple[str, int]], slots: int) -> list[tuple[tuple[str, Piece | None], int]]:

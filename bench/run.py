@@ -41,6 +41,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         hourly_events=1_000,
         rss_events=1_000,
         rss_runs=1,
+        hourly_runs=1,
         pyiceberg_cap=2_000,
         pyiceberg_timeout=120,
     ),
@@ -54,6 +55,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         hourly_events=1_000,
         rss_events=20_000,
         rss_runs=3,
+        hourly_runs=3,
         pyiceberg_cap=100_000,
         pyiceberg_timeout=600,
     ),
@@ -67,6 +69,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         hourly_events=1_000,
         rss_events=100_000,
         rss_runs=3,
+        hourly_runs=3,
         pyiceberg_cap=100_000,
         pyiceberg_timeout=900,
     ),
@@ -126,6 +129,11 @@ def _vs_bare(job: dict, bare: dict, **fields) -> dict:
         "bare_seconds": round(bare["seconds"], 3),
         "ratio": round(job["seconds"] / bare["seconds"], 3),
     }
+
+
+def _median_time_run(runs: list[dict]) -> dict:
+    """The run with the median seconds (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
 
 
 def _rate(events: int, nbytes: int, seconds: float) -> dict[str, float]:
@@ -241,6 +249,12 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     # the DAG's first spark-submit job (it writes the driver's class archive), then the timed one; both continue main's history
     hourly_first_files = main_wl.write(data / "hourly_first", args.hourly_events, args.events_per_file)
     hourly_files = main_wl.write(data / "hourly", args.hourly_events, args.events_per_file)
+    # more timed hourly jobs, each its own batch, each beside a bare spark-submit of its own: medians
+    hourly_more = (
+        [main_wl.write(data / f"hourly_{i}", args.hourly_events, args.events_per_file) for i in range(1, args.hourly_runs)]
+        if "hourly" not in args.skip
+        else []
+    )
     scale_files = (
         main_files
         if reuse_scale
@@ -424,10 +438,20 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
                 sample_rss=reuse_rss and "rss" not in args.skip,
                 driver_memory=args.dag_driver_memory,
             )
+            jobs, bares = [job], [bare]
+            for i, more in enumerate(hourly_more, 1):  # alternating, so a slow spell of the machine hits both
+                bares.append(C.spark_submit_bare(workdir, master))
+                jobs.append(
+                    C.spark_submit_job(
+                        "bench", more.paths, workdir, master, f"hourly_{i}", sample_rss=False, driver_memory=args.dag_driver_memory
+                    )
+                )
             he, hb = C.file_stats(hourly_files.paths)
             out["hourly"] = _vs_bare(
-                job,
-                bare,
+                _median_time_run(jobs),
+                _median_time_run(bares),
+                job_runs=[round(j["seconds"], 2) for j in jobs],
+                bare_runs=[round(b["seconds"], 2) for b in bares],
                 events=he,
                 bytes=hb,
                 target_rows=f"the bench table ({args.base_rows} base rows) after the main batch",
@@ -436,7 +460,10 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
                 class_archive=job["class_archive"],
                 first_batch_class_archive=first_job["class_archive"] if first_job else None,
             )
-            say(f"hourly: job {job['seconds']:.1f}s vs bare spark-submit {bare['seconds']:.1f}s")
+            say(
+                f"hourly: job {out['hourly']['job_seconds']:.1f}s vs bare spark-submit {out['hourly']['bare_seconds']:.1f}s"
+                f" (medians of {len(jobs)}: jobs {out['hourly']['job_runs']}, bare {out['hourly']['bare_runs']})"
+            )
     if "rss" not in args.skip:
         with section("rss"):
             runs_1x, runs_5x = [], []

@@ -131,11 +131,6 @@ def _vs_bare(job: dict, bare: dict, **fields) -> dict:
     }
 
 
-def _median_time_run(runs: list[dict]) -> dict:
-    """The run with the median seconds (the lower middle one of an even count)."""
-    return sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
-
-
 def _rate(events: int, nbytes: int, seconds: float) -> dict[str, float]:
     return {
         "events": events,
@@ -163,9 +158,9 @@ def _status(value: float, op: str, threshold: float) -> str:
     return "PASS" if (value >= threshold if op == ">=" else value <= threshold) else "MISS"
 
 
-def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run with the median peak RSS (the lower middle one of an even count)."""
-    return sorted(runs, key=lambda r: r["peak_rss_bytes"])[(len(runs) - 1) // 2]
+def _median_run(runs: list[dict[str, Any]], figure: str) -> dict[str, Any]:
+    """The run with the median ``figure`` (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda r: r[figure])[(len(runs) - 1) // 2]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -448,8 +443,8 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
                 )
             he, hb = C.file_stats(hourly_files.paths)
             out["hourly"] = _vs_bare(
-                _median_time_run(jobs),
-                _median_time_run(bares),
+                _median_run(jobs, "seconds"),
+                _median_run(bares, "seconds"),
                 job_runs=[round(j["seconds"], 2) for j in jobs],
                 bare_runs=[round(b["seconds"], 2) for b in bares],
                 events=he,
@@ -476,7 +471,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
                 runs_5x.append(
                     C.spark_submit_job("bench", files_5x.paths, workdir, master, f"rss_5x_{i}", driver_memory=args.dag_driver_memory)
                 )
-            r1, r5 = _median_run(runs_1x), _median_run(runs_5x)
+            r1, r5 = _median_run(runs_1x, "peak_rss_bytes"), _median_run(runs_5x, "peak_rss_bytes")
             out["rss"] = {
                 "events_1x": rss1.events,
                 "events_5x": rss5.events,

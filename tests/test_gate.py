@@ -6,6 +6,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given
@@ -21,6 +25,7 @@ from tests.apply_harness import apply_events, event, live_rows
 pytestmark = pytest.mark.spark
 _ns = itertools.count()
 COLS = {"id": "int", "name": "string", "amount": "decimal(10,2)"}
+SPARK_JOBS = Path(__file__).resolve().parents[1] / "spark_jobs"
 
 
 @pytest.fixture
@@ -307,15 +312,16 @@ def test_reconciliation_agrees_with_a_row_by_row_reading(spark, keys):
     assert {f.split("(")[0] for f in failed} == _reconcile_oracle(branch, main_rows, folded_rows)
 
 
+def _in_fresh_interpreter(code: str) -> subprocess.CompletedProcess:
+    """``code`` run by a new Python with the jobs' package importable, as a spark-submit driver starts."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SPARK_JOBS), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+
+
 def test_great_expectations_is_imported_beside_the_write_and_a_job_ending_first_waits_for_it():
     """A fresh interpreter, as a spark-submit job starts: the preload imports
     GX on a thread of its own while the main thread goes on, and an exit
     before the gate waits for the import instead of tearing it down."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     code = (
         "import sys, threading\n"
         "from cdc_apply.apply import gate\n"
@@ -326,9 +332,7 @@ def test_great_expectations_is_imported_beside_the_write_and_a_job_ending_first_
         "import atexit\n"
         "atexit.register(lambda: print('loaded' if 'great_expectations.expectations.registry' in sys.modules else 'missing'))\n"
     )
-    spark_jobs = str(Path(__file__).resolve().parents[1] / "spark_jobs")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([spark_jobs, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    done = _in_fresh_interpreter(code)
     assert done.returncode == 0 and done.stdout.strip() == "loaded", done.stderr
 
 
@@ -374,11 +378,6 @@ def test_great_expectations_is_imported_without_the_libraries_only_some_user_exp
     (the KL-divergence expectation imports them at module level, ~0.8 s of
     every batch), every expectation is still registered, and the libraries
     load whole when the gate asks (``load_deferred``)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     code = (
         "import sys\n"
         "from cdc_apply.apply import gx_import\n"
@@ -391,9 +390,7 @@ def test_great_expectations_is_imported_without_the_libraries_only_some_user_exp
         "assert 'scipy.stats._stats_py' in sys.modules and 'altair.vegalite' in sys.modules\n"
         "print(round(float(scipy.stats.entropy([0.5, 0.5], [0.9, 0.1])), 4), altair.Chart.__name__)\n"
     )
-    spark_jobs = str(Path(__file__).resolve().parents[1] / "spark_jobs")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([spark_jobs, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    done = _in_fresh_interpreter(code)
     assert done.returncode == 0 and done.stdout.strip() == "0.5108 Chart", done.stderr
 
 

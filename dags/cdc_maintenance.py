@@ -1,4 +1,5 @@
-"""cdc_maintenance — daily Iceberg table maintenance per source.
+"""cdc_maintenance — Iceberg table maintenance per source, daily unless
+``CDC_MAINTENANCE_SCHEDULE`` says otherwise (a cron expression or preset).
 
 Compacts small files, rewrites position deletes, expires snapshots older than
 the retention, removes orphan files and purges old tombstones, with Iceberg's
@@ -21,7 +22,7 @@ from cdc_airflow.spark import APPLICATION, CdcSparkSubmitOperator
 
 with DAG(
     dag_id="cdc_maintenance",
-    schedule="@daily",
+    schedule=os.environ.get("CDC_MAINTENANCE_SCHEDULE") or "@daily",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,

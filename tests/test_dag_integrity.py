@@ -64,6 +64,17 @@ def test_cdc_maintenance_shape(dagbag):
     assert set(dag.params.keys()) >= {"source", "snapshot_retention_days", "tombstone_retention_days"}
 
 
+def test_maintenance_runs_as_often_as_the_operator_sets(monkeypatch, dagbag):
+    """A table read often wants its merge-on-read files folded more than
+    daily (bench/README.md, issue 20 step 15): CDC_MAINTENANCE_SCHEDULE."""
+    monkeypatch.setenv("CDC_MAINTENANCE_SCHEDULE", "0 */6 * * *")
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(ROOT / "dags" / "cdc_maintenance.py"))
+    assert bag.import_errors == {}
+    assert bag.dags["cdc_maintenance"].schedule == "0 */6 * * *"
+
+
 def test_submit_spec_tunes_the_short_lived_jvm(monkeypatch, cdc_home, dagbag):
     """The DAG's jobs get C1-only JIT (one JVM per batch, see bench/README.md);
     a CDC_SPARK_CONF_ override replaces it, here with nothing."""

@@ -24,6 +24,7 @@ from cdc_apply.runtime.spark_conf import DRIVER_JAVA_OPTIONS, driver_conf, jar_p
 
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_CONNECT_PORT = 15002
+CONNECT_DAEMON_MODULE = "cdc_apply.runtime.connect_daemon"
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,8 @@ def connect_server_command(settings: Settings, *, host: str = "127.0.0.1", port:
         **driver_conf(settings, short_lived=False),
         "spark.connect.grpc.binding.address": host,
         "spark.connect.grpc.binding.port": str(port),
+        # a daemon per session that ends once idle (Spark 4.1 keeps each until the server stops)
+        "spark.python.daemon.module": CONNECT_DAEMON_MODULE,
     }
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]

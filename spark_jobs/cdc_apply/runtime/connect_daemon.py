@@ -57,7 +57,9 @@ def watch(
             return
 
 
-def _end_when_idle(idle_seconds: float) -> None:
+def _end_when_idle(idle_seconds: float, proc: Path = Path("/proc")) -> None:
+    if not (proc / "self").exists():  # no way to see the workers (not Linux): never end a daemon that may have some
+        return
     pid = os.getpid()
     watch(pid, idle_seconds, interval=min(30.0, max(idle_seconds / 4, 0.5)))
     os.kill(pid, signal.SIGTERM)  # the daemon's own handler ends it and its process group

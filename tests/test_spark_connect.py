@@ -95,40 +95,62 @@ def _daemons(tag: str) -> list[int]:
     return pids
 
 
-def test_a_connect_session_s_python_daemon_ends_when_idle_and_comes_back_when_needed(tmp_path, monkeypatch):
+CLIENT = """
+import sys
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+
+def doubled(batches):
+    for b in batches:
+        yield pa.RecordBatch.from_arrays([pa.compute.multiply(b.column(0), 2)], names=["id"])
+
+
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+for _ in range(2):  # the second time when the test says so (a line on stdin)
+    print(sorted(r.id for r in spark.range(4, numPartitions=2).mapInArrow(doubled, "id long").collect()), flush=True)
+    sys.stdin.readline()
+spark.stop()
+"""
+
+
+def test_a_connect_session_s_python_daemon_ends_when_idle_and_comes_back_when_needed(tmp_path):
     """Spark 4.1 keeps one Python daemon per Connect session until the server
     stops: a server taking a batch an hour gained ~60 MB an hour. Ours ends
-    once it has no worker (here after 2 s; workers not reused, so a task's
-    worker ends with it), and the same session's next Python task gets a new one."""
+    once it has had no worker (here for 5 s; workers not reused, so a task's
+    worker ends with it), and the same session's next Python task gets a new
+    one.  The client is a process of its own, as a DAG task is (a test
+    process may already hold a local session, which a remote one cannot join)."""
+    import sys
     import time
     import uuid
-
-    import pyarrow as pa
-    from pyspark.sql import SparkSession
 
     tag = f"cdc-test-{uuid.uuid4()}"
     env = airflow_env(
         tmp_path / "airflow",
         tmp_path / "cdc",
-        CDC_CONNECT_DAEMON_IDLE_SECONDS="2",
+        CDC_CONNECT_DAEMON_IDLE_SECONDS="5",
         CDC_SPARK_CONF_spark__python__worker__reuse="false",
         CDC_TEST_SERVER_TAG=tag,
     )
-
-    def doubled(batches):
-        for b in batches:
-            yield pa.RecordBatch.from_arrays([pa.compute.multiply(b.column(0), 2)], names=["id"])
-
     with running_connect_server(tmp_path / "connect.log", env=env) as url:
-        spark = SparkSession.builder.remote(url).getOrCreate()
+        client = subprocess.Popen(
+            [sys.executable, "-c", CLIENT, url], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         try:
-            run = lambda: sorted(r.id for r in spark.range(4, numPartitions=2).mapInArrow(doubled, "id long").collect())  # noqa: E731
-            assert run() == [0, 2, 4, 6]
+            assert client.stdout.readline().strip() == "[0, 2, 4, 6]", client.stderr.read()[-3000:]
             assert _daemons(tag), "the session's Python tasks ran without this project's daemon"
-            deadline = time.time() + 60
+            deadline = time.time() + 90
             while _daemons(tag) and time.time() < deadline:
                 time.sleep(0.5)
             assert not _daemons(tag), "the idle daemon did not end"
-            assert run() == [0, 2, 4, 6]  # Spark starts the session's daemon again
+            client.stdin.write("\n")
+            client.stdin.flush()
+            # Spark starts the session's daemon again
+            assert client.stdout.readline().strip() == "[0, 2, 4, 6]", client.stderr.read()[-3000:]
+            client.stdin.write("\n")
+            client.stdin.flush()
+            assert client.wait(timeout=120) == 0, client.stderr.read()[-3000:]
         finally:
-            spark.stop()
+            client.kill()

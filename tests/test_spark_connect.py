@@ -84,11 +84,13 @@ def test_spark_remote_must_be_a_connect_url(monkeypatch):
 def _daemons(tag: str) -> list[int]:
     """PIDs of the Python worker daemons (``python -m cdc_apply.runtime.connect_daemon``,
     not the JVM naming it in its conf) of the server whose environment holds ``tag``."""
+    from cdc_apply.runtime.submit import CONNECT_DAEMON_MODULE
+
     pids = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if b"cdc_apply.runtime.connect_daemon" in argv[1:3] and tag.encode() in (proc / "environ").read_bytes():
+            if CONNECT_DAEMON_MODULE.encode() in argv[1:3] and tag.encode() in (proc / "environ").read_bytes():
                 pids.append(int(proc.name))
         except OSError:
             continue
@@ -135,11 +137,14 @@ def test_a_connect_session_s_python_daemon_ends_when_idle_and_comes_back_when_ne
         CDC_TEST_SERVER_TAG=tag,
     )
     with running_connect_server(tmp_path / "connect.log", env=env) as url:
-        client = subprocess.Popen(
-            [sys.executable, "-c", CLIENT, url], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+        # stderr to a file: a pipe nobody reads while the test waits could fill and stop the client
+        errors = tmp_path / "client.err"
+        with errors.open("w") as err:
+            client = subprocess.Popen(
+                [sys.executable, "-c", CLIENT, url], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
+            )
         try:
-            assert client.stdout.readline().strip() == "[0, 2, 4, 6]", client.stderr.read()[-3000:]
+            assert client.stdout.readline().strip() == "[0, 2, 4, 6]", errors.read_text()[-3000:]
             assert _daemons(tag), "the session's Python tasks ran without this project's daemon"
             deadline = time.time() + 90
             while _daemons(tag) and time.time() < deadline:
@@ -148,9 +153,9 @@ def test_a_connect_session_s_python_daemon_ends_when_idle_and_comes_back_when_ne
             client.stdin.write("\n")
             client.stdin.flush()
             # Spark starts the session's daemon again
-            assert client.stdout.readline().strip() == "[0, 2, 4, 6]", client.stderr.read()[-3000:]
+            assert client.stdout.readline().strip() == "[0, 2, 4, 6]", errors.read_text()[-3000:]
             client.stdin.write("\n")
             client.stdin.flush()
-            assert client.wait(timeout=120) == 0, client.stderr.read()[-3000:]
+            assert client.wait(timeout=120) == 0, errors.read_text()[-3000:]
         finally:
             client.kill()

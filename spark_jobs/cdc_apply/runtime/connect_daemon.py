@@ -24,9 +24,10 @@ from pathlib import Path
 
 IDLE_SECONDS_ENV = "CDC_CONNECT_DAEMON_IDLE_SECONDS"
 DEFAULT_IDLE_SECONDS = 120.0
+PROC = Path("/proc")
 
 
-def has_children(pid: int, proc: Path = Path("/proc")) -> bool:
+def has_children(pid: int, proc: Path = PROC) -> bool:
     """Whether any process has ``pid`` as its parent (the daemon's forked workers)."""
     for stat in proc.glob("[0-9]*/stat"):
         try:
@@ -57,8 +58,8 @@ def watch(
             return
 
 
-def _end_when_idle(idle_seconds: float, proc: Path = Path("/proc")) -> None:
-    if not (proc / "self").exists():  # no way to see the workers (not Linux): never end a daemon that may have some
+def _end_when_idle(idle_seconds: float) -> None:
+    if not (PROC / "self").exists():  # no way to see the workers (not Linux): never end a daemon that may have some
         return
     pid = os.getpid()
     watch(pid, idle_seconds, interval=min(30.0, max(idle_seconds / 4, 0.5)))

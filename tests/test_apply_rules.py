@@ -476,7 +476,7 @@ def test_labelling_is_the_same_with_or_without_pruning_the_stored_state(spark, s
     rows, tombstones and keys not stored at all."""
     from cdc_apply.apply import table
 
-    monkeypatch.setattr(table, "PRUNE_STATE_MAX_EVENTS", 10**9 if prune else 0)
+    monkeypatch.setattr(table.compact, "BROADCAST_ROWS_MAX", 10**9 if prune else 0)
     monkeypatch.setattr(table, "PRUNE_STATE_MIN_RATIO", 0 if prune else 1)
     seen = []
     real = table.compact.label_against_target

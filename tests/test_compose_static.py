@@ -359,9 +359,10 @@ def spark_default_types(compose: dict, env_example: dict[str, str]) -> set[str]:
 
 
 def check_spark_connect(compose: dict, env_example: dict[str, str]) -> list[str]:
-    """The Spark Connect server: opt-in by its profile while the tasks
-    spark-submit (it would hold the worker's cores), started by default once
-    spark_default is a spark_connect connection (docs/deploy.md); bound
+    """The Spark Connect server: started by default, and waited for by the
+    scheduler, while spark_default is a spark_connect connection (the
+    default); opt-in by its profile once the tasks spark-submit (it would
+    hold the worker's cores; docs/deploy.md); bound
     beyond localhost so the Airflow containers reach it, on the cluster, and
     wired to the same catalog and settings as the tasks that attach to it."""
     svcs = services(compose)
@@ -370,13 +371,19 @@ def check_spark_connect(compose: dict, env_example: dict[str, str]) -> list[str]
         return ["missing service spark-connect"]
     problems = []
     gated = "connect" in (s.get("profiles") or [])
+    waits = ((svcs.get("airflow-scheduler") or {}).get("depends_on") or {}).get("spark-connect")
     if "spark_connect" in spark_default_types(compose, env_example):
         if gated:
             problems.append(
                 "spark-connect: spark_default is a spark_connect connection, so the server must start by default (remove its profile)"
             )
-    elif not gated:
-        problems.append("spark-connect: must be opt-in (profiles: [connect]) while spark_default spark-submits")
+        if (waits or {}).get("condition") != "service_healthy":
+            problems.append("airflow-scheduler: must depend on spark-connect with condition: service_healthy (its tasks are its clients)")
+    else:
+        if not gated:
+            problems.append("spark-connect: must be opt-in (profiles: [connect]) while spark_default spark-submits")
+        if waits is not None:
+            problems.append("airflow-scheduler: must not depend on the opt-in spark-connect (compose would refuse to start it)")
     words = command_words(s)
     host = words[words.index("--host") + 1] if "--host" in words[:-1] else None
     if "connect-server" not in words or host != "0.0.0.0":
@@ -513,24 +520,28 @@ def test_spark_connect_server(compose, env_example):
 
 
 CONNECT_DEFAULT = '{"conn_type": "spark_connect", "host": "spark-connect", "port": 15002}'
+SUBMIT_DEFAULT = '{"conn_type": "spark", "host": "spark://spark-master", "port": 7077}'
 
 
-def _connect_by_default(c: dict) -> None:
-    """docs/deploy.md's switch, step 1: spark_default becomes the Spark Connect server."""
+def _submit_by_default(c: dict) -> None:
+    """docs/deploy.md's switch to a driver per task, step 1: spark_default spark-submits to the master."""
     for name in AIRFLOW_SERVICES:
-        c["services"][name]["environment"]["AIRFLOW_CONN_SPARK_DEFAULT"] = CONNECT_DEFAULT
+        c["services"][name]["environment"]["AIRFLOW_CONN_SPARK_DEFAULT"] = SUBMIT_DEFAULT
 
 
-def test_the_documented_switch_to_spark_connect_passes(compose, env_example):
-    """The connection of docs/deploy.md, with the server started by default
-    (no profile), passes every check of the connection and the server."""
+def test_the_documented_switch_to_spark_submit_passes(compose, env_example):
+    """The connection of docs/deploy.md, with the server opt-in again (its
+    profile back) and the scheduler no longer waiting for it, passes every
+    check of the connection and the server."""
     switched = copy.deepcopy(compose)
     _unshare_env(switched)
-    _connect_by_default(switched)
-    switched["services"]["spark-connect"].pop("profiles")
+    _submit_by_default(switched)
+    switched["services"]["spark-connect"]["profiles"] = ["connect"]
+    switched["services"]["airflow-scheduler"]["depends_on"].pop("spark-connect")
     assert check_spark_master_url(switched, env_example) == []
     assert check_spark_connect(switched, env_example) == []
-    assert CONNECT_DEFAULT in (ROOT / "docs" / "deploy.md").read_text()
+    deploy = (ROOT / "docs" / "deploy.md").read_text()
+    assert SUBMIT_DEFAULT in deploy and 'profiles: ["connect"]' in deploy
 
 
 def test_worker_shares_archive_and_credentials(compose):
@@ -660,13 +671,24 @@ MUTATIONS = {
         "spark_connect",
         "CDC_CATALOG_URI",
     ),
-    "connect server always on": (lambda c: c["services"]["spark-connect"].pop("profiles"), "spark_connect", "opt-in"),
-    "connect default, server still opt-in": (_connect_by_default, "spark_connect", "remove its profile"),
+    "spark-submit default, connect server still on": (_submit_by_default, "spark_connect", "opt-in"),
+    "connect default, server opt-in": (
+        lambda c: c["services"]["spark-connect"].update(profiles=["connect"]),
+        "spark_connect",
+        "remove its profile",
+    ),
+    "connect default, scheduler not waiting for the server": (
+        lambda c: c["services"]["airflow-scheduler"]["depends_on"].pop("spark-connect"),
+        "spark_connect",
+        "airflow-scheduler: must depend on spark-connect",
+    ),
+    "spark-submit default, scheduler waiting for an opt-in server": (
+        lambda c: [_submit_by_default(c), c["services"]["spark-connect"].update(profiles=["connect"])],
+        "spark_connect",
+        "must not depend on the opt-in spark-connect",
+    ),
     "connect default on another port": (
-        lambda c: [
-            _connect_by_default(c),
-            _set_env("airflow-scheduler", "AIRFLOW_CONN_SPARK_DEFAULT", CONNECT_DEFAULT.replace("15002", "15003"))(c),
-        ],
+        _set_env("airflow-scheduler", "AIRFLOW_CONN_SPARK_DEFAULT", CONNECT_DEFAULT.replace("15002", "15003")),
         "spark_master_url",
         "Spark Connect server's port 15002",
     ),

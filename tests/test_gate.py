@@ -239,12 +239,16 @@ RECONCILE_CASES = {
 }
 
 
+@pytest.mark.parametrize("broadcast", [True, False], ids=["keys-broadcast", "keys-shuffled"])
 @pytest.mark.parametrize("case", sorted(RECONCILE_CASES))
-def test_reconciliation_names_what_is_wrong(spark, case):
+def test_reconciliation_names_what_is_wrong(spark, monkeypatch, case, broadcast):
     """Each reconciliation check on hand-made frames: main holds ids 1
     (position 03), 2 (04) and 3 (01), all live; the batch updates 1 and
-    deletes 2, so 2 rows stay live."""
-    from cdc_apply.apply import gate
+    deletes 2, so 2 rows stay live.  The batch's keys are broadcast, or
+    shuffled as a batch with more keys than compact.BROADCAST_ROWS_MAX's."""
+    from cdc_apply.apply import compact, gate
+
+    monkeypatch.setattr(compact, "BROADCAST_ROWS_MAX", 10**9 if broadcast else 0)
 
     branch_rows, folded_rows, expected = RECONCILE_CASES[case]
     schema = "id int, _cdc_position string, _cdc_deleted boolean"

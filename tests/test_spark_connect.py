@@ -53,6 +53,12 @@ def test_jobs_run_on_a_spark_connect_server(tmp_path, monkeypatch):
         assert [a["name"] for a in apps] == ["cdc-connect"], apps
         jobs = requests.get(f"http://127.0.0.1:{ui}/api/v1/applications/{apps[0]['id']}/jobs", timeout=10).json()
         assert len(jobs) > 10 and all(j["status"] == "SUCCEEDED" for j in jobs), [(j["jobId"], j["status"]) for j in jobs]
+        # in the source's scheduler pool, which the server shares fairly with the other sources' pools
+        stages = requests.get(f"http://127.0.0.1:{ui}/api/v1/applications/{apps[0]['id']}/stages", timeout=10).json()
+        pools = [s["schedulingPool"] for s in stages]
+        assert pools.count("pg_inventory") > len(pools) / 2 and set(pools) <= {"pg_inventory", "default"}, pools
+        environment = requests.get(f"http://127.0.0.1:{ui}/api/v1/applications/{apps[0]['id']}/environment", timeout=10).json()
+        assert dict(environment["sparkProperties"])["spark.scheduler.mode"] == "FAIR"
 
         # a job whose settings name another catalog is refused before it writes anything: terminal
         other = {**env, "CDC_HOME": str(tmp_path / "other"), "CDC_SPARK_REMOTE": url}

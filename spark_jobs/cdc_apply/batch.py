@@ -115,7 +115,7 @@ def run_batch(
     from cdc_apply.runtime.session import get_spark
 
     decoder_state = ledger.DecoderStateAhead(settings, source.name, source.namespace if source.format in TYPED_BY_STORED_TABLES else None)
-    spark = spark or get_spark(settings)
+    spark = spark or get_spark(settings, pool=source.name)
     if "validate" in stages and not dry_run:
         gate.preload_great_expectations()
     ctx = _decode_context(spark, settings, source, batch_id, decoder_state)
@@ -676,7 +676,7 @@ def validate_batch(
     for tr in result.tables:
         if tr.status != Status.WRITTEN or (table is not None and tr.table != table):
             continue
-        spark = spark or get_spark(settings)
+        spark = spark or get_spark(settings, pool=result.source)
         spec = tables.TableSpec(identifier=tr.table, short=tr.table.split(".", 1)[1], key_columns=tr.key_columns, columns={})
         try:
             gx_result = _run_suites(settings, spark, spec, tr, result.id, ahead)

@@ -41,6 +41,15 @@ MAX_KEY_CHANGE_CHAIN = 32
 """Key changes of one key chained within a batch (1 -> 2 -> 3 ...) that the
 inheritance follows; an insert further down a longer chain keeps what it
 does not carry NULL and is counted as ``partial_inserts``."""
+BROADCAST_ROWS_MAX = 250_000
+"""The most rows of a batch's keys a join broadcasts (the labelling's pruning
+of the stored state, the reconciliation); past it the join shuffles.  A
+broadcast is built in the driver's heap beside what the driver caches: on
+``local[*]`` and on a Spark Connect server (shared by every batch running)
+that is all of the cached batch too.  A 1M-event backfill broadcasting its
+~900k keys ran a 3 GB Connect server out of heap, twice in two runs
+(bench/README, issue 20 step 16); at this size a shuffle costs the batch
+little."""
 NEVER_SET = ""
 """The per-column position of a column no event has set (NULL since the row
 began): lower than every real position, so any late event may fill it."""

@@ -30,6 +30,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
+from cdc_apply.apply import compact
 from cdc_apply.apply.compact import META_POS, quote
 from cdc_apply.apply.gx_import import import_great_expectations, load_deferred
 from cdc_apply.config import Settings
@@ -218,9 +219,6 @@ class GateAhead:
         self._runs.clear()
 
 
-BROADCAST_KEYS_MAX = 2_000_000
-
-
 def _rows(cond: Column) -> Column:
     """How many rows meet ``cond`` (0, not NULL, for none)."""
     return F.coalesce(F.sum(F.when(cond, 1).otherwise(0)), F.lit(0))
@@ -247,7 +245,7 @@ def reconcile(
         failed.append(f"reconcile_live_row_count(expected={expected}, got={live_after})")
     keys = [quote(k) for k in key_columns]
     batch_keys = folded.select(*keys)
-    if counts.get("keys", 0) <= BROADCAST_KEYS_MAX:
+    if counts.get("keys", 0) <= compact.BROADCAST_ROWS_MAX:
         batch_keys = F.broadcast(batch_keys)
     # the branch's rows of the batch's keys, each with how many rows its key has
     # there (a window over the key: the joins below are partitioned by it too)

@@ -30,16 +30,15 @@ from cdc_apply.status import Status
 
 log = logging.getLogger("cdc_apply")
 
-PRUNE_STATE_MAX_EVENTS = 2_000_000
 PRUNE_STATE_MIN_RATIO = 4
-"""A batch of at most ``PRUNE_STATE_MAX_EVENTS`` events of a table, into a
+"""A batch of at most ``compact.BROADCAST_ROWS_MAX`` events of a table, into a
 table of at least ``PRUNE_STATE_MIN_RATIO`` times as many live rows,
 broadcasts its keys to keep only their stored rows before the labelling join
 (``compact.label_against_target``): the join then shuffles the batch's share
 of the table, not all of it (100k events against 10M rows: 2.6 -> 1.3 s).
 A batch as large as the table gains nothing and pays the broadcast (1M
-events into 1M rows: +2.6 s), and a very large batch's keys would weigh on
-the driver: both join the whole stored state."""
+events into 1M rows: +2.6 s), and a large batch's keys would weigh on
+the driver's heap: both join the whole stored state."""
 
 TRUNCATES_KEY = "_cdc_truncates"
 """Source-state entry: ``{"<db>.<schema>.<table>": position}`` of truncates
@@ -242,7 +241,7 @@ def _write(
         with tr.timed("live_rows"):
             base_live = branches.read_branch(spark, spec, branch).where("NOT _cdc_deleted").count()
     n_events = int(meta["n"])
-    prune = n_events <= PRUNE_STATE_MAX_EVENTS and n_events * PRUNE_STATE_MIN_RATIO <= base_live
+    prune = n_events <= compact.BROADCAST_ROWS_MAX and n_events * PRUNE_STATE_MIN_RATIO <= base_live
     labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at, prune_state=prune).persist()
     folded = compact.fold_per_key(labelled, spec.key_columns).persist()
     try:

@@ -12,15 +12,16 @@ from cdc_apply.runtime.code_zip import build_code_zip
 from cdc_apply.runtime.spark_conf import iceberg_conf, jar_paths, session_defaults
 
 
-def get_spark(settings: Settings, app_name: str = "cdc-apply") -> SparkSession:
+def get_spark(settings: Settings, app_name: str = "cdc-apply", *, pool: str | None = None) -> SparkSession:
     """The active session if there is one (spark-submit, tests), else a new
-    one: on the Spark Connect server of ``CDC_SPARK_REMOTE``, or a driver of
-    our own."""
+    one: on the Spark Connect server of ``CDC_SPARK_REMOTE`` (its jobs in
+    the server's scheduler ``pool``, by default one named ``app_name``), or
+    a driver of our own."""
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
     if settings.spark_remote:
-        return remote_session(settings)
+        return remote_session(settings, pool=pool or app_name)
     # Python workers must run the same interpreter (and packages) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if settings.sqlite_path is not None:
@@ -39,9 +40,15 @@ def get_spark(settings: Settings, app_name: str = "cdc-apply") -> SparkSession:
     return spark
 
 
-def remote_session(settings: Settings) -> SparkSession:
+def remote_session(settings: Settings, *, pool: str | None = None) -> SparkSession:
     """A session on the Spark Connect server at ``settings.spark_remote``,
     with this version of the cdc_apply package added for its Python workers.
+
+    ``pool``: the fair-scheduler pool its jobs run in (Spark copies a
+    session's ``spark.*`` conf onto the jobs it starts).  The server shares
+    its cores fairly between pools (``submit.connect_server_command``); the
+    DAG gives each source its own, so one source's backfill does not queue
+    the others' hourly batches behind its stages.
 
     The server owns the catalog conf (``cdc connect-server`` starts it from
     the same settings); a server wired to another catalog or warehouse than
@@ -70,6 +77,8 @@ def remote_session(settings: Settings) -> SparkSession:
             f"the Spark Connect server at {url} is wired to another catalog than this job ({detail}): "
             "start the server with the same CDC_CATALOG_* / CDC_WAREHOUSE settings as the jobs"
         )
+    if pool:
+        spark.conf.set("spark.scheduler.pool", pool)
     spark.addArtifacts(build_code_zip(settings.home / "dist"), pyfile=True)
     return spark
 

@@ -98,6 +98,9 @@ def connect_server_command(settings: Settings, *, host: str = "127.0.0.1", port:
     cmd = [spark_submit_bin(), "--master", settings.spark_master, "--class", CONNECT_SERVER_CLASS, "--name", "cdc-connect"]
     cmd += ["--jars", ",".join(str(p) for p in jar_paths(settings))]
     conf = {
+        # the cores shared fairly between pools (a pool per source: session.remote_session),
+        # instead of each stage waiting for every stage submitted before it (CDC_SPARK_CONF_* may override)
+        "spark.scheduler.mode": "FAIR",
         **driver_conf(settings, short_lived=False),
         "spark.connect.grpc.binding.address": host,
         "spark.connect.grpc.binding.port": str(port),

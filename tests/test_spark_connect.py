@@ -165,3 +165,55 @@ def test_a_connect_session_s_python_daemon_ends_when_idle_and_comes_back_when_ne
             assert client.wait(timeout=120) == 0, errors.read_text()[-3000:]
         finally:
             client.kill()
+
+
+def test_two_sources_apply_at_once_on_one_server(tmp_path, monkeypatch):
+    """docker-compose's default deployment: two sources' tasks are clients of
+    one server at the same moment (a session, a scheduler pool and a code zip
+    each, from one CDC_HOME).  Both batches complete, and the second
+    source's table holds what the first's does: the same archive, applied
+    beside another batch."""
+
+    from cdc_apply.config import Settings
+    from cdc_apply.demo import write_demo_archive
+    from cdc_apply.ledger import Ledger
+
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(
+        "sources:\n"
+        + "".join(
+            f"  {name}:\n    format: debezium_postgres\n    namespace: {name}\n"
+            "    tables:\n      public.customers: {primary_key: [id], history: scd2}\n"
+            for name in ("pg_inventory", "pg_twin")
+        )
+    )
+    env = airflow_env(tmp_path / "airflow", tmp_path / "cdc", CDC_SOURCES_FILE=str(sources))
+    monkeypatch.setenv("CDC_HOME", env["CDC_HOME"])
+    monkeypatch.setenv("CDC_SOURCES_FILE", str(sources))
+    settings = Settings.from_env()
+    for name in ("pg_inventory", "pg_twin"):
+        write_demo_archive(settings, name)
+    with running_connect_server(tmp_path / "connect.log", env=env) as url:
+        client = {**env, "CDC_SPARK_REMOTE": url}
+        runs = {
+            name: subprocess.Popen(
+                [str(VENV_BIN / "cdc"), "apply", "--source", name, "--result-file", str(tmp_path / f"{name}.json")],
+                env=client,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for name in ("pg_inventory", "pg_twin")
+        }
+        outs = {name: p.communicate(timeout=600) for name, p in runs.items()}
+    for name, p in runs.items():
+        assert p.returncode == 0, f"{name}: {outs[name][1][-3000:]}"
+        assert json.loads((tmp_path / f"{name}.json").read_text())["status"] == "complete", name
+    check_demo_table(env)
+
+    def rows(table: str) -> list[tuple]:
+        t = Ledger(settings).catalog.load_table(table)
+        keep = ("id", "first_name", "balance", "email", "_cdc_op", "_cdc_deleted", "_cdc_position")
+        return sorted(tuple(r[c] for c in keep) for r in t.scan().to_arrow().to_pylist())
+
+    assert rows("pg_twin.customers") == rows("pg_inventory.customers")

@@ -36,3 +36,16 @@ def test_children_are_found_by_the_parent_in_proc_stat_whatever_the_command_name
     assert not has_children(10, proc=tmp_path)
     process(12, "python3", 10)
     assert has_children(10, proc=tmp_path)
+
+
+def test_the_servers_executors_get_its_idle_time(monkeypatch):
+    """On a cluster the executors run the daemon too: the server's command
+    hands them the operator's idle time (Spark gives executors only the
+    spark.executorEnv.* variables)."""
+    from cdc_apply.config import Settings
+    from cdc_apply.runtime.submit import connect_server_command
+
+    monkeypatch.setenv("CDC_CONNECT_DAEMON_IDLE_SECONDS", "7")
+    assert "spark.executorEnv.CDC_CONNECT_DAEMON_IDLE_SECONDS=7" in connect_server_command(Settings.from_env())
+    monkeypatch.delenv("CDC_CONNECT_DAEMON_IDLE_SECONDS")
+    assert not [a for a in connect_server_command(Settings.from_env()) if "CDC_CONNECT_DAEMON_IDLE_SECONDS" in a]

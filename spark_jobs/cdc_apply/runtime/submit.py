@@ -19,6 +19,7 @@ from pathlib import Path
 from cdc_apply.config import Settings, pip_spark_home, spark_home
 from cdc_apply.runtime import class_archive
 from cdc_apply.runtime.code_zip import build_code_zip
+from cdc_apply.runtime.connect_daemon import IDLE_SECONDS_ENV
 from cdc_apply.runtime.logs import jvm_options
 from cdc_apply.runtime.spark_conf import DRIVER_JAVA_OPTIONS, driver_conf, jar_paths
 
@@ -107,6 +108,8 @@ def connect_server_command(settings: Settings, *, host: str = "127.0.0.1", port:
         # a daemon per session that ends once idle (Spark 4.1 keeps each until the server stops)
         "spark.python.daemon.module": CONNECT_DAEMON_MODULE,
     }
+    if os.environ.get(IDLE_SECONDS_ENV):  # the executors' daemons (on a cluster) end after as long
+        conf[f"spark.executorEnv.{IDLE_SECONDS_ENV}"] = os.environ[IDLE_SECONDS_ENV]
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]
     return cmd

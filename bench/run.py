@@ -275,9 +275,8 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         r1_files = hourly_files if reuse_rss else main_wl.write(data / f"rss1_{i}", args.rss_events, args.events_per_file)
         rss_batches.append((r1_files, main_wl.write(data / f"rss5_{i}", args.rss_events * 5, args.events_per_file)))
     rss1, rss5 = rss_batches[0]
-    # the Connect server's first batch (warms its JVM; reported) and the timed one, after the RSS batches
-    # then two with the source set to merge-on-read (the first switches the table; the second is timed)
-    # the server's first batch, hourly_runs warm ones, then the merge-on-read switch and the batch after it
+    # after the RSS batches, for one Connect server: its first batch (warms its JVM; reported), hourly_runs
+    # timed warm ones, then two with the source set to merge-on-read (the first switches the table; the second is timed)
     connect_batches = [main_wl.write(data / f"connect_{i}", args.hourly_events, args.events_per_file) for i in range(args.hourly_runs + 3)]
     pyice_paths = _pick_capped(main_files, args.pyiceberg_cap)
     out["setup_seconds"]["generate_files"] = round(time.perf_counter() - t, 2)
@@ -424,7 +423,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     # -- hourly batch through spark-submit vs bare spark-submit ---------------------------------
     # -- peak RSS: the DAG's job on a 1x and a 5x batch, each its own process tree --------------
     master = settings.spark_master
-    job = bare = first_job = None
+    job = first_job = None
     if "hourly" not in args.skip or "rss" not in args.skip:
         with section("hourly_first"):
             # as after a deployment: the first job writes the driver's class archive (cdc_apply/class_archive.py)

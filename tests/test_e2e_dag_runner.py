@@ -28,7 +28,8 @@ EXPECTED = {  # the demo's three hours, applied in order
 }
 
 
-def table_rows(env):
+def table_rows(env, name: str = "pg_inventory.customers"):
+    """The table ``name`` of the catalog under env's CDC_HOME, and its rows."""
     import os
 
     from cdc_apply.config import Settings
@@ -38,7 +39,7 @@ def table_rows(env):
     os.environ["CDC_HOME"] = env["CDC_HOME"]
     try:
         settings = Settings.from_env()
-        table = Ledger(settings).catalog.load_table("pg_inventory.customers")
+        table = Ledger(settings).catalog.load_table(name)
         return table, table.scan().to_arrow().to_pylist()
     finally:
         for k, v in old.items():

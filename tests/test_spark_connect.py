@@ -17,7 +17,7 @@ import requests
 
 from tests.airflow_env import VENV_BIN, airflow_env
 from tests.servers import free_port, running_connect_server
-from tests.test_e2e_dag_runner import check_demo_table
+from tests.test_e2e_dag_runner import check_demo_table, table_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -173,10 +173,8 @@ def test_two_sources_apply_at_once_on_one_server(tmp_path, monkeypatch):
     each, from one CDC_HOME).  Both batches complete, and the second
     source's table holds what the first's does: the same archive, applied
     beside another batch."""
-
     from cdc_apply.config import Settings
     from cdc_apply.demo import write_demo_archive
-    from cdc_apply.ledger import Ledger
 
     sources = tmp_path / "sources.yaml"
     sources.write_text(
@@ -212,8 +210,7 @@ def test_two_sources_apply_at_once_on_one_server(tmp_path, monkeypatch):
     check_demo_table(env)
 
     def rows(table: str) -> list[tuple]:
-        t = Ledger(settings).catalog.load_table(table)
         keep = ("id", "first_name", "balance", "email", "_cdc_op", "_cdc_deleted", "_cdc_position")
-        return sorted(tuple(r[c] for c in keep) for r in t.scan().to_arrow().to_pylist())
+        return sorted(tuple(r[c] for c in keep) for r in table_rows(env, table)[1])
 
     assert rows("pg_twin.customers") == rows("pg_inventory.customers")

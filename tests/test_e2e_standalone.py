@@ -53,13 +53,13 @@ class Standalone:
             parts = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return False
-        alive = []
         for p in parts:
             try:
-                alive.append("scheduler" in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE)
-            except psutil.NoSuchProcess:
+                if "scheduler" in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE:
+                    return True
+            except psutil.NoSuchProcess:  # ended while looked at (a zombie's cmdline raises it too)
                 pass
-        return any(alive)
+        return False
 
     def restart(self) -> None:
         """The README's remedy when Airflow's scheduler died (runs stay

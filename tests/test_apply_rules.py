@@ -814,3 +814,42 @@ def test_a_key_change_inherits_nothing_from_events_a_truncate_emptied(spark, set
         assert r.status == "complete", r.message
     check_model(spark, settings, ns, batches)
     assert rows(spark, settings, ns) == {"3": (None, "5.00")}
+
+
+@pytest.mark.parametrize("case", ["small", "large", "user-set"])
+def test_a_small_batch_runs_unadaptive_on_one_partition_and_the_session_gets_its_conf_back(spark, settings, ns, monkeypatch, case):
+    """Inside a batch of at most SMALL_BATCH_MESSAGES messages (seen by its GX
+    run, the last thing the batch does under it): adaptive execution off, one
+    shuffle partition; a larger batch and a key the user set keep the
+    session's values; after the batch the session has its own back."""
+    from cdc_apply.apply import gate
+    from cdc_apply.runtime import spark_conf
+
+    keys = ("spark.sql.adaptive.enabled", "spark.sql.shuffle.partitions")
+    before = {k: spark.conf.get(k) for k in keys}
+    assert before == {"spark.sql.adaptive.enabled": "true", "spark.sql.shuffle.partitions": "8"}
+    seen = []
+    run_gx = gate.run_gx
+
+    def watched(*args, **kwargs):
+        seen.append({k: spark.conf.get(k) for k in keys})
+        return run_gx(*args, **kwargs)
+
+    monkeypatch.setattr(gate, "run_gx", watched)
+    if case == "large":
+        monkeypatch.setattr(spark_conf, "SMALL_BATCH_MESSAGES", 2)
+    if case == "user-set":
+        settings = dataclasses.replace(settings, extra_spark_conf={**settings.extra_spark_conf, "spark.sql.shuffle.partitions": "8"})
+    b = [event("c", i, {"name": f"n{i}", "amount": f"{i}.00"}, pos=i) for i in (1, 2, 3)] + [
+        event("u", 1, {"name": "m", "amount": "5.00"}, pos=4)
+    ]
+    r = apply_events(spark, settings, ns, b)
+    assert r.status == "complete", r.message
+    assert rows(spark, settings, ns) == {"1": ("m", "5.00"), "2": ("n2", "2.00"), "3": ("n3", "3.00")}
+    expected = {
+        "small": {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1"},
+        "large": before,
+        "user-set": {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "8"},
+    }[case]
+    assert seen == [expected]
+    assert {k: spark.conf.get(k) for k in keys} == before

@@ -130,6 +130,32 @@ def test_user_suite_violation_fails_the_batch(spark, settings, ns, tmp_path):
     )
     assert main_snapshot(spark, settings, ns) == before
     assert t.data_docs
+    # the failing suite ran again for its detail: the stored validation result names the unexpected value
+    stored = Path(t.data_docs).parents[2] / "validations"
+    unexpected = [
+        r["result"].get("partial_unexpected_list")
+        for f in stored.rglob("*.json")
+        for r in json.loads(f.read_text())["results"]
+        if r["expectation_config"]["type"] == "expect_column_values_to_be_between"
+    ]
+    assert sorted(unexpected, key=str) == [None, [-1.0]], unexpected  # the verdict alone, then the detail
+
+
+def test_a_passing_suite_runs_once_for_its_verdict_alone(spark, settings, ns, monkeypatch):
+    from cdc_apply.apply.gx_import import import_great_expectations
+
+    gx = import_great_expectations()
+    formats = []
+    run = gx.Checkpoint.run
+
+    def watched(self, *args, **kwargs):
+        formats.append(str(getattr(self.result_format, "value", self.result_format)))
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(gx.Checkpoint, "run", watched)
+    r = apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
+    assert r.status == "complete", r.message
+    assert formats == ["BOOLEAN_ONLY"]
 
 
 def test_quarantine_share_over_limit_fails_before_any_write(spark, settings, ns):

@@ -11,6 +11,7 @@ marked applied for discovery) only when every table published.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -41,6 +42,7 @@ from cdc_apply.decode.stage import decode_batch
 from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalError
 from cdc_apply.model import CONFIG_REFUSED_PREFIX
 from cdc_apply.results import BatchResult, Override, TableResult, reason_class
+from cdc_apply.runtime import spark_conf
 from cdc_apply.status import Status
 
 log = logging.getLogger("cdc_apply")
@@ -147,12 +149,13 @@ def write_and_validate(
     """``apply_decoded`` then ``validate_batch`` in one session, each table's
     GX suites started as soon as its branch is written (``gate.GateAhead``)."""
     ahead = gate.GateAhead(settings, result.id)
-    try:
-        apply_decoded(spark, settings, source, result, files, decoded, state, table_filter=table_filter, gate_ahead=ahead)
-        if result.pending(Status.WRITTEN):
-            validate_batch(settings, result, spark, in_write_job=in_write_job, ahead=ahead)
-    finally:
-        ahead.close()
+    with contextlib.ExitStack() as scope:  # the batch's cache and conf, given back once its GX runs have ended
+        try:
+            apply_decoded(spark, settings, source, result, files, decoded, state, table_filter=table_filter, gate_ahead=ahead, scope=scope)
+            if result.pending(Status.WRITTEN):
+                validate_batch(settings, result, spark, in_write_job=in_write_job, ahead=ahead)
+        finally:
+            ahead.close()
 
 
 def skip_batch(settings: Settings, source: SourceConfig, result: BatchResult, *, dry_run: bool = False) -> BatchResult:
@@ -217,35 +220,32 @@ def apply_decoded(
     dry_run: bool = False,
     table_filter: str | None = None,
     gate_ahead: gate.GateAhead | None = None,
+    scope: contextlib.ExitStack | None = None,
 ) -> BatchResult:
     """Everything after decode: accounting, quarantine, per-table apply, ledger.
 
     ``decoder_state`` is the source state carried to the next batch (decoder
     state plus truncate watermarks of tables not in the lake yet); None reads
     the latest from the ledger.  ``gate_ahead``: the caller validates next,
-    with it (``validate_batch``).
+    with it (``validate_batch``).  ``scope``: where the batch's cached decode
+    and its small-batch conf (``spark_conf.small_batch_conf``) are released;
+    by default when this returns.
     """
     state = dict(ledger.Ledger(settings).latest_decoder_state(source.name) if decoder_state is None else decoder_state)
     result.started_at = dt.datetime.now(dt.UTC).isoformat()
     result.stage = "write"
-    raw = decoded.persist()
-    # lines of partly applied files that an earlier batch accounted for are not read again
-    decoded = held.only_held_lines(spark, raw, held.prior_in_batch(state, files))
-    try:
-        linked = False
-        if source.publish == "transactions" and source.format == "cockroachdb":  # up to the resolved watermark
-            watermarked = _hold_after_watermark(source, result, state, decoded)
-            if watermarked is None:
-                return result
-            decoded = watermarked
-        elif source.publish == "transactions":  # readers never see part of a source transaction
-            census = transactions.census(decoded)
-            linked = census.transactions > 0
-            hold = _transactions_to_hold(source, result, state, census.incomplete)
-            if hold is None:
-                return result
-            decoded = transactions.hold(spark, decoded, hold)
+    with contextlib.ExitStack() as own:
+        scope = own if scope is None else scope
+        raw = decoded.persist()
+        scope.callback(raw.unpersist)
+        # lines of partly applied files that an earlier batch accounted for are not read again
+        decoded = held.only_held_lines(spark, raw, held.prior_in_batch(state, files))
+        kept, linked = _hold_transactions(spark, source, result, state, decoded)
+        if kept is None:
+            return result
+        decoded = kept
         status_counts = _count_messages(decoded, result)
+        scope.enter_context(spark_conf.small_batch_conf(spark, settings, result.messages["read"]))
         _refuse_config(source, status_counts, decoded)
         _carry_held(decoded, result, state, files)
         if not dry_run and result.messages.get("quarantined", 0):
@@ -261,9 +261,23 @@ def apply_decoded(
         _apply_tables(spark, settings, source, result, files, events, state, dry_run, linked, declared, gate_ahead)
         result.source_state = state
         result.fail_if_any()
-    finally:
-        raw.unpersist()
     return result
+
+
+def _hold_transactions(
+    spark: SparkSession, source: SourceConfig, result: BatchResult, state: dict[str, Any], decoded: DataFrame
+) -> tuple[DataFrame | None, bool]:
+    """Under ``publish: transactions``: ``decoded`` less what waits for the
+    rest of its source transaction (CockroachDB: for the resolved watermark),
+    and whether events are linked by transaction.  None: the batch stops here
+    (``result`` says why)."""
+    if source.publish != "transactions":
+        return decoded, False
+    if source.format == "cockroachdb":  # up to the resolved watermark
+        return _hold_after_watermark(source, result, state, decoded), False
+    census = transactions.census(decoded)  # readers never see part of a source transaction
+    hold = _transactions_to_hold(source, result, state, census.incomplete)
+    return (None if hold is None else transactions.hold(spark, decoded, hold)), census.transactions > 0
 
 
 def _hold_after_watermark(source: SourceConfig, result: BatchResult, state: dict[str, Any], decoded: DataFrame) -> DataFrame | None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pyspark.sql import DataFrame, SparkSession
 
 from cdc_apply import ledger
+from cdc_apply.apply.compact import sql_string
 from cdc_apply.apply.maintenance_lock import MAINTENANCE_BRANCH, recover_stale_lock
 from cdc_apply.apply.tables import TableSpec
 from cdc_apply.errors import CdcError, ConcurrentApply
@@ -43,16 +44,26 @@ def branch_ref(spec: TableSpec, branch: str) -> str:
     return f"{spec.identifier}.branch_{branch}"
 
 
-def reset_branch(spark: SparkSession, spec: TableSpec, branch: str) -> None:
+def reset_branch(spark: SparkSession, spec: TableSpec, branch: str) -> int | None:
     """(Re)create the audit branch at main's current snapshot: a retry starts
-    clean.  Refuses (transient: retried) while table maintenance runs."""
+    clean.  Refuses (transient: retried) while table maintenance runs.
+    Returns the new branch's head (None on an empty table), read in the same
+    ``refs`` query as the maintenance lock: one Spark job, not two."""
     spark.sql(f"ALTER TABLE {spec.identifier} DROP BRANCH IF EXISTS {branch}")
     spark.sql(f"ALTER TABLE {spec.identifier} CREATE BRANCH {branch}")
-    if branch_snapshot(spark, spec, MAINTENANCE_BRANCH) is not None:
-        if recover_stale_lock(spark, spec.identifier) is not None:  # a killed maintenance left it: logged, dropped
-            return
+    heads = _branch_heads(spark, spec, (branch, MAINTENANCE_BRANCH))
+    if MAINTENANCE_BRANCH in heads and recover_stale_lock(spark, spec.identifier) is None:
         spark.sql(f"ALTER TABLE {spec.identifier} DROP BRANCH IF EXISTS {branch}")
         raise CdcError(f"{spec.identifier}: table maintenance is running (branch {MAINTENANCE_BRANCH!r}); the batch is retried after it")
+    # a killed maintenance left the lock: recover_stale_lock logged and dropped it
+    return heads.get(branch)
+
+
+def _branch_heads(spark: SparkSession, spec: TableSpec, names: tuple[str, ...]) -> dict[str, int | None]:
+    """Head snapshot per named ref that exists (a branch of an empty table has none)."""
+    wanted = ", ".join(sql_string(n) for n in names)
+    rows = spark.sql(f"SELECT name, snapshot_id FROM {spec.identifier}.refs WHERE name IN ({wanted})").collect()
+    return {r["name"]: r["snapshot_id"] for r in rows}
 
 
 def branch_snapshot(spark: SparkSession, spec: TableSpec, branch: str) -> int | None:

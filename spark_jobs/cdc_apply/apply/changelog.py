@@ -107,11 +107,10 @@ def write(work: Any, spec: tables.TableSpec, events: DataFrame, files: list[Arch
         return None
     rows = change_rows(events.where(F.col("file").isin([f.path for f in new])), batch_id, spec.key_columns)
     branch = ledger.audit_branch(batch_id)
-    branches.reset_branch(spark, cl, branch)
+    start = branches.reset_branch(spark, cl, branch)
     applied = [f.as_dict() for f in new if f.path not in work.held_files]
     props = ledger.summary_properties(batch_id, applied, position_max=None, truncated_at=None, counts={})
     attempt = props[branches.ATTEMPT_PROPERTY] = uuid.uuid4().hex
-    start = branches.branch_snapshot(spark, cl, branch)
     # as write options, not session conf: the table's labelling runs beside this write (table._apply)
     rows.writeTo(branches.branch_ref(cl, branch)).options(**branches.snapshot_property_options(props)).append()
     return ident, branches.own_head(spark, cl, branch, attempt, batch_id, start)

@@ -124,12 +124,11 @@ def write(
         logged.join(touched.select("_k"), "_k", "left_semi").unionByName(logged.where("op = 't'")), spec.key_columns, spec.columns
     )
     branch = ledger.audit_branch(batch_id)
-    branches.reset_branch(spark, hspec, branch)
+    start = branches.reset_branch(spark, hspec, branch)
     props = ledger.summary_properties(
         batch_id, [f.as_dict() for f in new if f.path not in work.held_files], position_max=None, truncated_at=None, counts={}
     )
     attempt = props[branches.ATTEMPT_PROPERTY] = uuid.uuid4().hex
-    start = branches.branch_snapshot(spark, hspec, branch)
     with branches.snapshot_properties(spark, props):
         _merge_versions(spark, hspec, branch, rows.withColumn("_cdc_batch_id", F.lit(batch_id)), touched)
         if branches.branch_snapshot(spark, hspec, branch) == start:  # no version changed: the files still count as applied

@@ -5,7 +5,11 @@ whichever driver runs it."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+
+from pyspark.sql import SparkSession
 
 from cdc_apply.config import JARS, S3_JARS, Settings, spark_home, uses_object_store
 from cdc_apply.errors import ConfigError
@@ -52,6 +56,40 @@ def session_defaults(settings: Settings) -> dict[str, str]:
         # site is gone.  To have it: CDC_SPARK_CONF_spark__python__sql__dataFrameDebugging__enabled=true
         "spark.python.sql.dataFrameDebugging.enabled": "false",
     }
+
+
+SMALL_BATCH_MESSAGES = 10_000
+"""A batch of at most this many messages runs as a small batch (``small_batch_conf``)."""
+SMALL_BATCH_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1"}
+
+
+@contextlib.contextmanager
+def small_batch_conf(spark: SparkSession, settings: Settings, messages: int) -> Iterator[bool]:
+    """Run a batch of at most ``SMALL_BATCH_MESSAGES`` messages without
+    adaptive execution, on one shuffle partition; the session gets its own
+    values back on exit (a shared session: Spark Connect, tests, the bench).
+    Yields whether it did.
+
+    Why: adaptive execution runs each shuffle stage as a Spark job of its own
+    and plans again between them; a 20-event batch ran 50 jobs, which is
+    scheduling, not work (bench/README, step 18).  Safe for a large table: the
+    batch's side of each join is small and the table's side is read, not
+    shuffled (the labelling and the reconciliation broadcast the batch's keys;
+    the MERGE's source is the cached fold, whose size Spark knows).  A key the
+    user set with ``CDC_SPARK_CONF_*`` is left as set."""
+    small = messages <= SMALL_BATCH_MESSAGES
+    conf = {k: v for k, v in SMALL_BATCH_CONF.items() if k not in settings.extra_spark_conf} if small else {}
+    saved = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield small
+    finally:
+        for k, old in saved.items():
+            if old is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, old)
 
 
 def iceberg_conf(settings: Settings) -> dict[str, str]:

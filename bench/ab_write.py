@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -104,16 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             results.setdefault(f"{kind}:{v}", []).append(row)
             print(f"[ab] {kind} {files.events} events -> {v}: {seconds:.2f}s, {prof.get('jobs')} jobs, load {load:.1f}", flush=True)
-    summary = {
-        k: {
-            "median_s": statistics.median(x["seconds"] for x in rs),
-            "median_jobs": statistics.median(x["spark_jobs"] for x in rs),
-            "runs": rs,
-        }
-        for k, rs in results.items()
-    }
-    for k, s in summary.items():
-        print(f"[ab] {k}: median {s['median_s']:.2f}s, {s['median_jobs']} jobs, over {len(s['runs'])}", flush=True)
+    summary = C.ab_summary(results)
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=1))
     spark.stop()

@@ -799,3 +799,20 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def ab_summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """An A/B script's medians per variant (``seconds``, ``spark_jobs`` of each run), printed."""
+    import statistics
+
+    summary = {
+        k: {
+            "median_s": statistics.median(r["seconds"] for r in rs),
+            "median_jobs": statistics.median(r["spark_jobs"] for r in rs),
+            "runs": rs,
+        }
+        for k, rs in results.items()
+    }
+    for k, s in summary.items():
+        print(f"[ab] {k}: median {s['median_s']:.2f}s, {s['median_jobs']} jobs, over {len(s['runs'])}", flush=True)
+    return summary

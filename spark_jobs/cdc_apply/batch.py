@@ -149,7 +149,7 @@ def write_and_validate(
     """``apply_decoded`` then ``validate_batch`` in one session, each table's
     GX suites started as soon as its branch is written (``gate.GateAhead``)."""
     ahead = gate.GateAhead(settings, result.id)
-    with contextlib.ExitStack() as scope:  # the batch's cache and conf, given back once its GX runs have ended
+    with contextlib.ExitStack() as scope:  # the batch's small-batch conf, given back once its GX runs have ended
         try:
             apply_decoded(spark, settings, source, result, files, decoded, state, table_filter=table_filter, gate_ahead=ahead, scope=scope)
             if result.pending(Status.WRITTEN):
@@ -227,17 +227,16 @@ def apply_decoded(
     ``decoder_state`` is the source state carried to the next batch (decoder
     state plus truncate watermarks of tables not in the lake yet); None reads
     the latest from the ledger.  ``gate_ahead``: the caller validates next,
-    with it (``validate_batch``).  ``scope``: where the batch's cached decode
-    and its small-batch conf (``spark_conf.small_batch_conf``) are released;
-    by default when this returns.
+    with it (``validate_batch``).  ``scope``: where the batch's small-batch
+    conf (``spark_conf.small_batch_conf``) is given back; by default when
+    this returns, as the cached decode is released.
     """
     state = dict(ledger.Ledger(settings).latest_decoder_state(source.name) if decoder_state is None else decoder_state)
     result.started_at = dt.datetime.now(dt.UTC).isoformat()
     result.stage = "write"
     with contextlib.ExitStack() as own:
-        scope = own if scope is None else scope
         raw = decoded.persist()
-        scope.callback(raw.unpersist)
+        own.callback(raw.unpersist)
         # lines of partly applied files that an earlier batch accounted for are not read again
         decoded = held.only_held_lines(spark, raw, held.prior_in_batch(state, files))
         kept, linked = _hold_transactions(spark, source, result, state, decoded)
@@ -245,7 +244,7 @@ def apply_decoded(
             return result
         decoded = kept
         status_counts = _count_messages(decoded, result)
-        scope.enter_context(spark_conf.small_batch_conf(spark, settings, result.messages["read"]))
+        (own if scope is None else scope).enter_context(spark_conf.small_batch_conf(spark, settings, result.messages["read"]))
         _refuse_config(source, status_counts, decoded)
         _carry_held(decoded, result, state, files)
         if not dry_run and result.messages.get("quarantined", 0):

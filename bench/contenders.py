@@ -787,20 +787,6 @@ def spark_jobs_profile(spark, group: str, wall_seconds: float | None = None) -> 
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.contenders")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("pyiceberg-child")
-    b.add_argument("--files-json", required=True)
-    b.set_defaults(func=pyiceberg_child)
-    args = p.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def ab_summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """An A/B script's medians per variant (``seconds``, ``spark_jobs`` of each run), printed."""
     import statistics
@@ -816,3 +802,17 @@ def ab_summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, 
     for k, s in summary.items():
         print(f"[ab] {k}: median {s['median_s']:.2f}s, {s['median_jobs']} jobs, over {len(s['runs'])}", flush=True)
     return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.contenders")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("pyiceberg-child")
+    b.add_argument("--files-json", required=True)
+    b.set_defaults(func=pyiceberg_child)
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

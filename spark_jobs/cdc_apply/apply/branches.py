@@ -67,8 +67,7 @@ def _branch_heads(spark: SparkSession, spec: TableSpec, names: tuple[str, ...]) 
 
 
 def branch_snapshot(spark: SparkSession, spec: TableSpec, branch: str) -> int | None:
-    rows = spark.sql(f"SELECT snapshot_id FROM {spec.identifier}.refs WHERE name = '{branch}'").collect()
-    return rows[0][0] if rows else None
+    return _branch_heads(spark, spec, (branch,)).get(branch)
 
 
 def read_branch(spark: SparkSession, spec: TableSpec, branch: str) -> DataFrame:

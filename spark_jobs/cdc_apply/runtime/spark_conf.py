@@ -64,11 +64,10 @@ SMALL_BATCH_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.pa
 
 
 @contextlib.contextmanager
-def small_batch_conf(spark: SparkSession, settings: Settings, messages: int) -> Iterator[bool]:
+def small_batch_conf(spark: SparkSession, settings: Settings, messages: int) -> Iterator[None]:
     """Run a batch of at most ``SMALL_BATCH_MESSAGES`` messages without
     adaptive execution, on one shuffle partition; the session gets its own
     values back on exit (a shared session: Spark Connect, tests, the bench).
-    Yields whether it did.
 
     Why: adaptive execution runs each shuffle stage as a Spark job of its own
     and plans again between them; a 20-event batch ran 50 jobs, which is
@@ -83,7 +82,7 @@ def small_batch_conf(spark: SparkSession, settings: Settings, messages: int) -> 
     for k, v in conf.items():
         spark.conf.set(k, v)
     try:
-        yield small
+        yield
     finally:
         for k, old in saved.items():
             if old is None:

@@ -853,3 +853,86 @@ def test_a_small_batch_runs_unadaptive_on_one_partition_and_the_session_gets_its
     }[case]
     assert seen == [expected]
     assert {k: spark.conf.get(k) for k in keys} == before
+
+
+def _merge_plans(spark, after_id: int) -> list[str]:
+    """Physical plans of the MERGE statements the session ran after SQL
+    execution ``after_id`` (the Spark UI's REST API; its listener is
+    asynchronous, so it is polled)."""
+    import json
+    import time
+    import urllib.request
+
+    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/sql"
+    plans: list[str] = []
+    for _ in range(50):
+        with urllib.request.urlopen(f"{url}?details=true&planDescription=true&offset=0&length=100000", timeout=30) as r:
+            execs = json.loads(r.read())
+        plans = [e["planDescription"] for e in execs if e["id"] > after_id and "MergeRows" in e.get("planDescription", "")]
+        if plans and all(e.get("status") != "RUNNING" for e in execs):
+            return plans
+        time.sleep(0.2)
+    return plans
+
+
+def _last_sql_id(spark) -> int:
+    import json
+    import urllib.request
+
+    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/sql?details=false&offset=0&length=100000"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return max((e["id"] for e in json.loads(r.read())), default=-1)
+
+
+@pytest.mark.parametrize("case", ["below", "off", "user-set"])
+def test_the_merge_broadcasts_a_small_batchs_net_changes_and_the_session_gets_its_threshold_back(spark, settings, ns, monkeypatch, case):
+    """A session whose broadcast threshold is below MERGE_BROADCAST_BYTES
+    (here 1 byte, as Spark's 10 MB is below a 9k-event batch's net changes)
+    runs the MERGE under MERGE_BROADCAST_BYTES: the stored rows are joined
+    with the broadcast net changes, not sorted and shuffled; a threshold
+    that is off (-1), or set by the user, is kept.  After the batch the
+    session has its own value back."""
+    from cdc_apply.apply import merge
+    from cdc_apply.runtime import spark_conf
+
+    key = spark_conf.BROADCAST_THRESHOLD
+    session_value = "-1" if case == "off" else "1b"  # below any batch's net changes
+    original = spark.conf.get(key)
+    spark.conf.set(key, session_value)
+    try:
+        if case == "user-set":
+            settings = dataclasses.replace(settings, extra_spark_conf={**settings.extra_spark_conf, key: session_value})
+        seen = []
+        merge_changes = merge.merge_changes
+
+        def watched(*args, **kwargs):
+            seen.append(spark.conf.get(key))
+            return merge_changes(*args, **kwargs)
+
+        monkeypatch.setattr(merge, "merge_changes", watched)
+        first = [event("c", i, {"name": f"n{i}", "amount": f"{i}.00"}, pos=i) for i in (1, 2, 3)]
+        assert apply_events(spark, settings, ns, first).status == "complete"
+        start = _last_sql_id(spark)
+        second = [event("u", 1, {"name": "m", "amount": "5.00"}, pos=4), event("d", 2, pos=5)]
+        r = apply_events(spark, settings, ns, second)
+        assert r.status == "complete", r.message
+        assert rows(spark, settings, ns) == {"1": ("m", "5.00"), "3": ("n3", "3.00")}
+        raised = f"{spark_conf.MERGE_BROADCAST_BYTES}b"
+        assert seen == ([raised, raised] if case == "below" else [session_value, session_value])
+        assert spark.conf.get(key) == session_value
+        plans = _merge_plans(spark, start)
+        assert plans, "no MERGE ran in the second batch"
+        join = "BroadcastHashJoin" if case == "below" else "SortMergeJoin"
+        assert all(join in p for p in plans), plans
+    finally:
+        spark.conf.set(key, original)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("10485760b", 10 << 20), ("10m", 10 << 20), ("32MB", 32 << 20), ("-1", -1), ("1g", 1 << 30), (" 7 ", 7), ("ten", None), (None, None)],
+)
+def test_spark_size_texts_are_read_as_spark_reads_them(text, size):
+    from cdc_apply.runtime.spark_conf import byte_size
+
+    assert byte_size(text) == size

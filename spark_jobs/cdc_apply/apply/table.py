@@ -25,6 +25,7 @@ from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.config import Settings, SourceConfig
 from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalError
 from cdc_apply.results import TableResult
+from cdc_apply.runtime import spark_conf
 from cdc_apply.runtime.background import Background
 from cdc_apply.status import Status
 
@@ -295,7 +296,7 @@ def _write(
             log_write.result()
         with branches.snapshot_properties(spark, props):
             source_df = compact.merge_source(folded, spec.key_columns, spec.columns)
-            with tr.timed("merge"):
+            with tr.timed("merge"), spark_conf.merge_conf(spark, work.settings):
                 merge.merge_changes(
                     spark,
                     spec,

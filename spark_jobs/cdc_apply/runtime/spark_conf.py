@@ -6,6 +6,7 @@ whichever driver runs it."""
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,20 +65,11 @@ SMALL_BATCH_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.pa
 
 
 @contextlib.contextmanager
-def small_batch_conf(spark: SparkSession, settings: Settings, messages: int) -> Iterator[None]:
-    """Run a batch of at most ``SMALL_BATCH_MESSAGES`` messages without
-    adaptive execution, on one shuffle partition; the session gets its own
-    values back on exit (a shared session: Spark Connect, tests, the bench).
-
-    Why: adaptive execution runs each shuffle stage as a Spark job of its own
-    and plans again between them; a 20-event batch ran 50 jobs, which is
-    scheduling, not work (bench/README, step 18).  Safe for a large table: the
-    batch's side of each join is small and the table's side is read, not
-    shuffled (the labelling and the reconciliation broadcast the batch's keys;
-    the MERGE's source is the cached fold, whose size Spark knows).  A key the
-    user set with ``CDC_SPARK_CONF_*`` is left as set."""
-    small = messages <= SMALL_BATCH_MESSAGES
-    conf = {k: v for k, v in SMALL_BATCH_CONF.items() if k not in settings.extra_spark_conf} if small else {}
+def scoped_conf(spark: SparkSession, settings: Settings, conf: dict[str, str]) -> Iterator[None]:
+    """``conf`` set on the session for the span of the block, but for the
+    keys the user set with ``CDC_SPARK_CONF_*``; the session gets its own
+    values back on exit (a shared session: Spark Connect, tests, the bench)."""
+    conf = {k: v for k, v in conf.items() if k not in settings.extra_spark_conf}
     saved = {k: spark.conf.get(k, None) for k in conf}
     for k, v in conf.items():
         spark.conf.set(k, v)
@@ -89,6 +81,48 @@ def small_batch_conf(spark: SparkSession, settings: Settings, messages: int) -> 
                 spark.conf.unset(k)
             else:
                 spark.conf.set(k, old)
+
+
+@contextlib.contextmanager
+def small_batch_conf(spark: SparkSession, settings: Settings, messages: int) -> Iterator[None]:
+    """Run a batch of at most ``SMALL_BATCH_MESSAGES`` messages without
+    adaptive execution, on one shuffle partition (``scoped_conf``).
+
+    Why: adaptive execution runs each shuffle stage as a Spark job of its own
+    and plans again between them; a 20-event batch ran 50 jobs, which is
+    scheduling, not work (bench/README, step 18).  Safe for a large table: the
+    batch's side of each join is small and the table's side is read, not
+    shuffled (the labelling and the reconciliation broadcast the batch's keys;
+    the MERGE broadcasts the batch's net changes: ``merge_conf``)."""
+    with scoped_conf(spark, settings, SMALL_BATCH_CONF if messages <= SMALL_BATCH_MESSAGES else {}):
+        yield
+
+
+BROADCAST_THRESHOLD = "spark.sql.autoBroadcastJoinThreshold"
+MERGE_BROADCAST_BYTES = 32 << 20
+"""The MERGE of stored keys broadcasts the batch's net changes when Spark
+estimates them at most this size (the cached fold: ~1.3 KB a key for the
+benchmark's 13 columns, so ~25k keys).  Spark's own 10 MB threshold left a
+9k-event batch's MERGE a sort-merge join of the whole table on one shuffle
+partition (``small_batch_conf``): 10.6 s a batch against 8.3 s with it
+(bench/README, step 19).  Past it the join shuffles: the broadcast is built
+in the driver's heap, beside the cached batch."""
+_BYTE_UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50}
+
+
+def byte_size(text: str | None) -> int | None:
+    """Spark's size text ('10485760b', '10m', '-1') in bytes; None when it is not one."""
+    m = re.fullmatch(r"\s*(-?\d+)\s*([kmgtp]?)b?\s*", text or "", re.IGNORECASE)
+    return None if m is None else int(m[1]) << _BYTE_UNITS[m[2].lower()]
+
+
+def merge_conf(spark: SparkSession, settings: Settings) -> contextlib.AbstractContextManager[None]:
+    """The MERGE's span with a broadcast threshold of at least
+    ``MERGE_BROADCAST_BYTES`` (``scoped_conf``).  A session whose threshold is
+    higher, or off (-1), or set by the user, keeps it."""
+    current = byte_size(spark.conf.get(BROADCAST_THRESHOLD, None))
+    raise_it = current is not None and 0 <= current < MERGE_BROADCAST_BYTES
+    return scoped_conf(spark, settings, {BROADCAST_THRESHOLD: f"{MERGE_BROADCAST_BYTES}b"} if raise_it else {})
 
 
 def iceberg_conf(settings: Settings) -> dict[str, str]:

@@ -10,12 +10,17 @@ batches (same files: the ledger is per table), applied in alternating order:
 * ``before``: both switched off (adaptive execution, the session's shuffle
   partitions, GX under ``SUMMARY``).
 
+With ``--switch merge-broadcast`` (step 19) the variants are the MERGE's
+broadcast threshold as the code raises it (``now``:
+``runtime.spark_conf.MERGE_BROADCAST_BYTES``) and not raised (``before``).
+
 Per batch: wall time of ``run_batch`` and the number of Spark jobs.  Targets
 are not judged here: ``bench.run`` is the benchmark (its hourly figures are
 this batch in a process of its own); this isolates the small batch's
 choices::
 
     .venv/bin/python -m bench.ab_small_batch --base-rows 100000 --events 20 --runs 8
+    .venv/bin/python -m bench.ab_small_batch --switch merge-broadcast --base-rows 1000000 --events 9000 --runs 4
 """
 
 from __future__ import annotations
@@ -31,6 +36,19 @@ from bench import contenders as C
 from bench import workload as wl
 
 VARIANTS = ("now", "before")
+SWITCHES = ("small-batch", "merge-broadcast")
+
+
+def _switch(name: str, on: bool, now: dict[str, Any]) -> None:
+    """The switched choices as the code has them (``now``) or off."""
+    from cdc_apply.apply import gate
+    from cdc_apply.runtime import spark_conf
+
+    if name == "small-batch":
+        spark_conf.SMALL_BATCH_MESSAGES = now["messages"] if on else 0
+        gate.RESULT_FORMATS = now["formats"] if on else ("SUMMARY",)
+    else:
+        spark_conf.MERGE_BROADCAST_BYTES = now["broadcast"] if on else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, default=20)
     p.add_argument("--runs", type=int, default=8)
     p.add_argument("--out", default="")
+    p.add_argument("--switch", choices=SWITCHES, default="small-batch", help="what the variants differ in")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="cdc-ab-small-"))
     C.prepare_home(work / "home", list(VARIANTS))
@@ -51,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from cdc_apply.runtime.session import get_spark
 
     settings = Settings.from_env()
-    switches = {"now": (spark_conf.SMALL_BATCH_MESSAGES, gate.RESULT_FORMATS), "before": (0, ("SUMMARY",))}
+    now = {"messages": spark_conf.SMALL_BATCH_MESSAGES, "formats": gate.RESULT_FORMATS, "broadcast": spark_conf.MERGE_BROADCAST_BYTES}
     load = wl.Workload(seed=7, base_rows=args.base_rows, insert_slot=1)
     seed = wl.write_seed(work / "data" / "seed")
     # the first batch of each variant warms its table's path up and is not counted
@@ -62,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     for i, files in enumerate(batches):
         for v in VARIANTS if i % 2 == 0 else tuple(reversed(VARIANTS)):
-            spark_conf.SMALL_BATCH_MESSAGES, gate.RESULT_FORMATS = switches[v]  # type: ignore[misc]
+            _switch(args.switch, v == "now", now)
             group = f"ab:{v}:{i}"
             C._job_group(spark, group)
             t0 = time.perf_counter()
             try:
                 res = run_batch(settings, v, files, spark=spark)
             finally:
-                spark_conf.SMALL_BATCH_MESSAGES, gate.RESULT_FORMATS = switches["now"]  # type: ignore[misc]
+                _switch(args.switch, True, now)
             seconds = time.perf_counter() - t0
             C._job_group(spark, "ab")
             if res.status != "complete":

@@ -884,21 +884,25 @@ def _last_sql_id(spark) -> int:
         return max((e["id"] for e in json.loads(r.read())), default=-1)
 
 
-@pytest.mark.parametrize("case", ["below", "off", "user-set"])
+@pytest.mark.parametrize("case", ["default", "below", "off", "user-set"])
 def test_the_merge_broadcasts_a_small_batchs_net_changes_and_the_session_gets_its_threshold_back(spark, settings, ns, monkeypatch, case):
     """A session whose broadcast threshold is below MERGE_BROADCAST_BYTES
-    (here 1 byte, as Spark's 10 MB is below a 9k-event batch's net changes)
-    runs the MERGE under MERGE_BROADCAST_BYTES: the stored rows are joined
-    with the broadcast net changes, not sorted and shuffled; a threshold
-    that is off (-1), or set by the user, is kept.  After the batch the
-    session has its own value back."""
+    (Spark's default of 10 MB, which is below a 9k-event batch's net
+    changes; or 1 byte, so that the plan shows it) runs the MERGE under
+    MERGE_BROADCAST_BYTES: the stored rows are joined with the broadcast net
+    changes, not sorted and shuffled; a threshold that is off (-1), or set
+    by the user, is kept.  After the batch the session has its own value
+    back (unset stays unset)."""
     from cdc_apply.apply import merge
     from cdc_apply.runtime import spark_conf
 
     key = spark_conf.BROADCAST_THRESHOLD
-    session_value = "-1" if case == "off" else "1b"  # below any batch's net changes
-    original = spark.conf.get(key)
-    spark.conf.set(key, session_value)
+    session_value = {"default": None, "off": "-1"}.get(case, "1b")
+    original = spark.conf.get(key, None)
+    if session_value is None:
+        spark.conf.unset(key)
+    else:
+        spark.conf.set(key, session_value)
     try:
         if case == "user-set":
             settings = dataclasses.replace(settings, extra_spark_conf={**settings.extra_spark_conf, key: session_value})
@@ -906,7 +910,7 @@ def test_the_merge_broadcasts_a_small_batchs_net_changes_and_the_session_gets_it
         merge_changes = merge.merge_changes
 
         def watched(*args, **kwargs):
-            seen.append(spark.conf.get(key))
+            seen.append(spark.conf.get(key, None))
             return merge_changes(*args, **kwargs)
 
         monkeypatch.setattr(merge, "merge_changes", watched)
@@ -917,15 +921,19 @@ def test_the_merge_broadcasts_a_small_batchs_net_changes_and_the_session_gets_it
         r = apply_events(spark, settings, ns, second)
         assert r.status == "complete", r.message
         assert rows(spark, settings, ns) == {"1": ("m", "5.00"), "3": ("n3", "3.00")}
-        raised = f"{spark_conf.MERGE_BROADCAST_BYTES}b"
-        assert seen == ([raised, raised] if case == "below" else [session_value, session_value])
-        assert spark.conf.get(key) == session_value
+        raised = case in ("default", "below")
+        expected = f"{spark_conf.MERGE_BROADCAST_BYTES}b" if raised else session_value
+        assert seen == [expected, expected]
+        assert spark.conf.get(key, None) == session_value
         plans = _merge_plans(spark, start)
         assert plans, "no MERGE ran in the second batch"
-        join = "BroadcastHashJoin" if case == "below" else "SortMergeJoin"
+        join = "BroadcastHashJoin" if raised else "SortMergeJoin"
         assert all(join in p for p in plans), plans
     finally:
-        spark.conf.set(key, original)
+        if original is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, original)
 
 
 @pytest.mark.parametrize(

@@ -104,7 +104,7 @@ MERGE_BROADCAST_BYTES = 32 << 20
 estimates them at most this size (the cached fold: ~1.3 KB a key for the
 benchmark's 13 columns, so ~25k keys).  Spark's own 10 MB threshold left a
 9k-event batch's MERGE a sort-merge join of the whole table on one shuffle
-partition (``small_batch_conf``): 10.6 s a batch against 8.3 s with it
+partition (``small_batch_conf``): 10.5 s a batch against 8.7 s with it
 (bench/README, step 19).  Past it the join shuffles: the broadcast is built
 in the driver's heap, beside the cached batch."""
 _BYTE_UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50}
@@ -120,7 +120,7 @@ def merge_conf(spark: SparkSession, settings: Settings) -> contextlib.AbstractCo
     """The MERGE's span with a broadcast threshold of at least
     ``MERGE_BROADCAST_BYTES`` (``scoped_conf``).  A session whose threshold is
     higher, or off (-1), or set by the user, keeps it."""
-    current = byte_size(spark.conf.get(BROADCAST_THRESHOLD, None))
+    current = byte_size(spark.conf.get(BROADCAST_THRESHOLD))  # Spark's default when unset (with a default of None: None)
     raise_it = current is not None and 0 <= current < MERGE_BROADCAST_BYTES
     return scoped_conf(spark, settings, {BROADCAST_THRESHOLD: f"{MERGE_BROADCAST_BYTES}b"} if raise_it else {})
 

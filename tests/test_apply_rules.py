@@ -855,33 +855,31 @@ def test_a_small_batch_runs_unadaptive_on_one_partition_and_the_session_gets_its
     assert {k: spark.conf.get(k) for k in keys} == before
 
 
-def _merge_plans(spark, after_id: int) -> list[str]:
-    """Physical plans of the MERGE statements the session ran after SQL
-    execution ``after_id`` (the Spark UI's REST API; its listener is
-    asynchronous, so it is polled)."""
+def _sql_executions(spark, *, plans: bool = False) -> list[dict]:
+    """The session's SQL executions, from the Spark UI's REST API."""
     import json
-    import time
     import urllib.request
 
     url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/sql"
+    with urllib.request.urlopen(
+        f"{url}?details={str(plans).lower()}&planDescription={str(plans).lower()}&offset=0&length=100000", timeout=30
+    ) as r:
+        return json.loads(r.read())
+
+
+def _merge_plans(spark, after_id: int) -> list[str]:
+    """Physical plans of the MERGE statements the session ran after SQL
+    execution ``after_id`` (the UI's listener is asynchronous, so it is polled)."""
+    import time
+
     plans: list[str] = []
     for _ in range(50):
-        with urllib.request.urlopen(f"{url}?details=true&planDescription=true&offset=0&length=100000", timeout=30) as r:
-            execs = json.loads(r.read())
+        execs = _sql_executions(spark, plans=True)
         plans = [e["planDescription"] for e in execs if e["id"] > after_id and "MergeRows" in e.get("planDescription", "")]
         if plans and all(e.get("status") != "RUNNING" for e in execs):
             return plans
         time.sleep(0.2)
     return plans
-
-
-def _last_sql_id(spark) -> int:
-    import json
-    import urllib.request
-
-    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/sql?details=false&offset=0&length=100000"
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return max((e["id"] for e in json.loads(r.read())), default=-1)
 
 
 @pytest.mark.parametrize("case", ["default", "below", "off", "user-set"])
@@ -916,7 +914,7 @@ def test_the_merge_broadcasts_a_small_batchs_net_changes_and_the_session_gets_it
         monkeypatch.setattr(merge, "merge_changes", watched)
         first = [event("c", i, {"name": f"n{i}", "amount": f"{i}.00"}, pos=i) for i in (1, 2, 3)]
         assert apply_events(spark, settings, ns, first).status == "complete"
-        start = _last_sql_id(spark)
+        start = max((e["id"] for e in _sql_executions(spark)), default=-1)
         second = [event("u", 1, {"name": "m", "amount": "5.00"}, pos=4), event("d", 2, pos=5)]
         r = apply_events(spark, settings, ns, second)
         assert r.status == "complete", r.message

@@ -13,6 +13,8 @@ batches (same files: the ledger is per table), applied in alternating order:
 With ``--switch merge-broadcast`` (step 19) the variants are the MERGE's
 broadcast threshold as the code raises it (``now``:
 ``runtime.spark_conf.MERGE_BROADCAST_BYTES``) and not raised (``before``).
+With ``--switch merge-bloom`` (step 20): the MERGE's runtime Bloom filter
+bounds (``runtime.spark_conf.MERGE_RUNTIME_FILTER_CONF``) or Spark's own.
 
 Per batch: wall time of ``run_batch`` and the number of Spark jobs.  Targets
 are not judged here: ``bench.run`` is the benchmark (its hourly figures are
@@ -36,7 +38,7 @@ from bench import contenders as C
 from bench import workload as wl
 
 VARIANTS = ("now", "before")
-SWITCHES = ("small-batch", "merge-broadcast")
+SWITCHES = ("small-batch", "merge-broadcast", "merge-bloom")
 
 
 def _switch(name: str, on: bool, now: dict[str, Any]) -> None:
@@ -47,8 +49,10 @@ def _switch(name: str, on: bool, now: dict[str, Any]) -> None:
     if name == "small-batch":
         spark_conf.SMALL_BATCH_MESSAGES = now["messages"] if on else 0
         gate.RESULT_FORMATS = now["formats"] if on else ("SUMMARY",)
-    else:
+    elif name == "merge-broadcast":
         spark_conf.MERGE_BROADCAST_BYTES = now["broadcast"] if on else 0
+    else:
+        spark_conf.MERGE_RUNTIME_FILTER_CONF = now["bloom"] if on else {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     from cdc_apply.runtime.session import get_spark
 
     settings = Settings.from_env()
-    now = {"messages": spark_conf.SMALL_BATCH_MESSAGES, "formats": gate.RESULT_FORMATS, "broadcast": spark_conf.MERGE_BROADCAST_BYTES}
+    now = {
+        "messages": spark_conf.SMALL_BATCH_MESSAGES,
+        "formats": gate.RESULT_FORMATS,
+        "broadcast": spark_conf.MERGE_BROADCAST_BYTES,
+        "bloom": spark_conf.MERGE_RUNTIME_FILTER_CONF,
+    }
     load = wl.Workload(seed=7, base_rows=args.base_rows, insert_slot=1)
     seed = wl.write_seed(work / "data" / "seed")
     # the first batch of each variant warms its table's path up and is not counted

@@ -934,6 +934,42 @@ def test_the_merge_broadcasts_a_small_batchs_net_changes_and_the_session_gets_it
             spark.conf.set(key, original)
 
 
+@pytest.mark.parametrize("bounds", ["merge", "spark"])
+def test_a_shuffled_merge_filters_the_tables_rows_by_the_batchs_keys_before_the_shuffle(spark, settings, ns, monkeypatch, bounds):
+    """A MERGE that shuffles (here: the session's broadcast threshold off,
+    which the MERGE keeps) reads the table through a runtime Bloom filter of
+    the batch's keys (MERGE_RUNTIME_FILTER_CONF): its plan filters the
+    table's scan by ``might_contain``.  Under Spark's own bounds (a table
+    above 10 GB) it does not.  The rows are right either way and the
+    session has its values back."""
+    from cdc_apply.runtime import spark_conf
+
+    if bounds == "spark":
+        monkeypatch.setattr(spark_conf, "MERGE_RUNTIME_FILTER_CONF", {})
+    keys = [spark_conf.BROADCAST_THRESHOLD, *spark_conf.MERGE_RUNTIME_FILTER_CONF]
+    original = {k: spark.conf.get(k, None) for k in keys}
+    spark.conf.set(spark_conf.BROADCAST_THRESHOLD, "-1")
+    try:
+        first = [event("c", i, {"name": f"n{i}", "amount": f"{i}.00"}, pos=i) for i in (1, 2, 3)]
+        assert apply_events(spark, settings, ns, first).status == "complete"
+        start = max((e["id"] for e in _sql_executions(spark)), default=-1)
+        second = [event("u", 1, {"name": "m", "amount": "5.00"}, pos=4), event("d", 2, pos=5)]
+        r = apply_events(spark, settings, ns, second)
+        assert r.status == "complete", r.message
+        assert rows(spark, settings, ns) == {"1": ("m", "5.00"), "3": ("n3", "3.00")}
+        assert {k: spark.conf.get(k, None) for k in keys} == {**original, spark_conf.BROADCAST_THRESHOLD: "-1"}
+        plans = _merge_plans(spark, start)
+        assert plans, "no MERGE ran in the second batch"
+        assert all("SortMergeJoin" in p for p in plans), plans
+        assert all(("might_contain" in p) == (bounds == "merge") for p in plans), plans
+    finally:
+        for k, v in original.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
 @pytest.mark.parametrize(
     ("text", "size"),
     [("10485760b", 10 << 20), ("10m", 10 << 20), ("32MB", 32 << 20), ("-1", -1), ("1g", 1 << 30), (" 7 ", 7), ("ten", None), (None, None)],

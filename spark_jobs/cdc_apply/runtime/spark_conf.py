@@ -107,6 +107,23 @@ benchmark's 13 columns, so ~25k keys).  Spark's own 10 MB threshold left a
 partition (``small_batch_conf``): 10.5 s a batch against 8.7 s with it
 (bench/README, step 19).  Past it the join shuffles: the broadcast is built
 in the driver's heap, beside the cached batch."""
+MERGE_RUNTIME_FILTER_CONF = {
+    "spark.sql.optimizer.runtime.bloomFilter.enabled": "true",
+    "spark.sql.optimizer.runtime.bloomFilter.creationSideThreshold": "1g",
+    "spark.sql.optimizer.runtime.bloomFilter.applicationSideScanSizeThreshold": "1b",
+}
+"""Past the broadcast threshold, the MERGE of stored keys is a shuffle join
+that sends every row of the table, with its data file's path, through the
+shuffle to meet a few keys: a 100k-event batch into 1M rows shuffled 114-126
+MB of the table for ~50k stored keys.  Spark's runtime Bloom filter, built
+from the batch's keys, drops the other rows in the table's scan, before the
+shuffle (5.7 MB then; 19.1 -> 18.2 s a batch, bench/README step 20).  Spark
+injects one only for a table whose scan it estimates above 10 GB and a batch
+below 10 MB.  For the MERGE's span: any table (a MERGE that shuffles has a
+table side too large to broadcast) and a batch below 1 GB.  A filter's false
+positives only join a row for nothing: the join stays exact.  A broadcast
+MERGE (``MERGE_BROADCAST_BYTES``) and a copy-on-write one, whose join keeps
+the table's other rows, get none."""
 _BYTE_UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50}
 
 
@@ -118,11 +135,13 @@ def byte_size(text: str | None) -> int | None:
 
 def merge_conf(spark: SparkSession, settings: Settings) -> contextlib.AbstractContextManager[None]:
     """The MERGE's span with a broadcast threshold of at least
-    ``MERGE_BROADCAST_BYTES`` (``scoped_conf``).  A session whose threshold is
-    higher, or off (-1), or set by the user, keeps it."""
+    ``MERGE_BROADCAST_BYTES`` and the runtime filter's bounds
+    (``MERGE_RUNTIME_FILTER_CONF``), by ``scoped_conf``.  A session whose
+    threshold is higher, or off (-1), or set by the user, keeps it."""
     current = byte_size(spark.conf.get(BROADCAST_THRESHOLD))  # Spark's default when unset (with a default of None: None)
     raise_it = current is not None and 0 <= current < MERGE_BROADCAST_BYTES
-    return scoped_conf(spark, settings, {BROADCAST_THRESHOLD: f"{MERGE_BROADCAST_BYTES}b"} if raise_it else {})
+    conf = {BROADCAST_THRESHOLD: f"{MERGE_BROADCAST_BYTES}b"} if raise_it else {}
+    return scoped_conf(spark, settings, conf | MERGE_RUNTIME_FILTER_CONF)
 
 
 def iceberg_conf(settings: Settings) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 
@@ -882,6 +883,39 @@ def _merge_plans(spark, after_id: int) -> list[str]:
     return plans
 
 
+@contextlib.contextmanager
+def _session_values(spark, values: dict[str, str | None], restored: tuple[str, ...] = ()):
+    """The session with ``values`` (None: unset) for the block; those keys and
+    ``restored`` get their values back after it."""
+    from cdc_apply.runtime import spark_conf
+
+    saved = {k: spark.conf.get(k, None) for k in [*values, *restored]}
+    for k, v in values.items():
+        if v is None:
+            spark.conf.unset(k)
+        else:
+            spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        spark_conf.restore(spark, saved)
+
+
+def _second_batch_merge_plans(spark, settings, ns) -> list[str]:
+    """Apply three inserts, then an update and a delete of stored keys (a
+    MERGE); check the rows and return that MERGE's physical plans."""
+    first = [event("c", i, {"name": f"n{i}", "amount": f"{i}.00"}, pos=i) for i in (1, 2, 3)]
+    assert apply_events(spark, settings, ns, first).status == "complete"
+    start = max((e["id"] for e in _sql_executions(spark)), default=-1)
+    second = [event("u", 1, {"name": "m", "amount": "5.00"}, pos=4), event("d", 2, pos=5)]
+    r = apply_events(spark, settings, ns, second)
+    assert r.status == "complete", r.message
+    assert rows(spark, settings, ns) == {"1": ("m", "5.00"), "3": ("n3", "3.00")}
+    plans = _merge_plans(spark, start)
+    assert plans, "no MERGE ran in the second batch"
+    return plans
+
+
 @pytest.mark.parametrize("case", ["default", "below", "off", "user-set"])
 def test_the_merge_broadcasts_a_small_batchs_net_changes_and_the_session_gets_its_threshold_back(spark, settings, ns, monkeypatch, case):
     """A session whose broadcast threshold is below MERGE_BROADCAST_BYTES
@@ -896,12 +930,7 @@ def test_the_merge_broadcasts_a_small_batchs_net_changes_and_the_session_gets_it
 
     key = spark_conf.BROADCAST_THRESHOLD
     session_value = {"default": None, "off": "-1"}.get(case, "1b")
-    original = spark.conf.get(key, None)
-    if session_value is None:
-        spark.conf.unset(key)
-    else:
-        spark.conf.set(key, session_value)
-    try:
+    with _session_values(spark, {key: session_value}):
         if case == "user-set":
             settings = dataclasses.replace(settings, extra_spark_conf={**settings.extra_spark_conf, key: session_value})
         seen = []
@@ -912,26 +941,13 @@ def test_the_merge_broadcasts_a_small_batchs_net_changes_and_the_session_gets_it
             return merge_changes(*args, **kwargs)
 
         monkeypatch.setattr(merge, "merge_changes", watched)
-        first = [event("c", i, {"name": f"n{i}", "amount": f"{i}.00"}, pos=i) for i in (1, 2, 3)]
-        assert apply_events(spark, settings, ns, first).status == "complete"
-        start = max((e["id"] for e in _sql_executions(spark)), default=-1)
-        second = [event("u", 1, {"name": "m", "amount": "5.00"}, pos=4), event("d", 2, pos=5)]
-        r = apply_events(spark, settings, ns, second)
-        assert r.status == "complete", r.message
-        assert rows(spark, settings, ns) == {"1": ("m", "5.00"), "3": ("n3", "3.00")}
+        plans = _second_batch_merge_plans(spark, settings, ns)
         raised = case in ("default", "below")
         expected = f"{spark_conf.MERGE_BROADCAST_BYTES}b" if raised else session_value
         assert seen == [expected, expected]
         assert spark.conf.get(key, None) == session_value
-        plans = _merge_plans(spark, start)
-        assert plans, "no MERGE ran in the second batch"
         join = "BroadcastHashJoin" if raised else "SortMergeJoin"
         assert all(join in p for p in plans), plans
-    finally:
-        if original is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, original)
 
 
 @pytest.mark.parametrize("bounds", ["merge", "spark"])
@@ -946,28 +962,14 @@ def test_a_shuffled_merge_filters_the_tables_rows_by_the_batchs_keys_before_the_
 
     if bounds == "spark":
         monkeypatch.setattr(spark_conf, "MERGE_RUNTIME_FILTER_CONF", {})
-    keys = [spark_conf.BROADCAST_THRESHOLD, *spark_conf.MERGE_RUNTIME_FILTER_CONF]
-    original = {k: spark.conf.get(k, None) for k in keys}
-    spark.conf.set(spark_conf.BROADCAST_THRESHOLD, "-1")
-    try:
-        first = [event("c", i, {"name": f"n{i}", "amount": f"{i}.00"}, pos=i) for i in (1, 2, 3)]
-        assert apply_events(spark, settings, ns, first).status == "complete"
-        start = max((e["id"] for e in _sql_executions(spark)), default=-1)
-        second = [event("u", 1, {"name": "m", "amount": "5.00"}, pos=4), event("d", 2, pos=5)]
-        r = apply_events(spark, settings, ns, second)
-        assert r.status == "complete", r.message
-        assert rows(spark, settings, ns) == {"1": ("m", "5.00"), "3": ("n3", "3.00")}
-        assert {k: spark.conf.get(k, None) for k in keys} == {**original, spark_conf.BROADCAST_THRESHOLD: "-1"}
-        plans = _merge_plans(spark, start)
-        assert plans, "no MERGE ran in the second batch"
+    filter_keys = list(spark_conf.MERGE_RUNTIME_FILTER_CONF)
+    before = {k: spark.conf.get(k, None) for k in filter_keys}
+    with _session_values(spark, {spark_conf.BROADCAST_THRESHOLD: "-1"}, tuple(filter_keys)):
+        plans = _second_batch_merge_plans(spark, settings, ns)
+        assert {k: spark.conf.get(k, None) for k in filter_keys} == before
+        assert spark.conf.get(spark_conf.BROADCAST_THRESHOLD) == "-1"
         assert all("SortMergeJoin" in p for p in plans), plans
         assert all(("might_contain" in p) == (bounds == "merge") for p in plans), plans
-    finally:
-        for k, v in original.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
 
 
 @pytest.mark.parametrize(

@@ -76,11 +76,16 @@ def scoped_conf(spark: SparkSession, settings: Settings, conf: dict[str, str]) -
     try:
         yield
     finally:
-        for k, old in saved.items():
-            if old is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, old)
+        restore(spark, saved)
+
+
+def restore(spark: SparkSession, saved: dict[str, str | None]) -> None:
+    """Put session values back as read by ``spark.conf.get(key, None)``: None unsets."""
+    for k, old in saved.items():
+        if old is None:
+            spark.conf.unset(k)
+        else:
+            spark.conf.set(k, old)
 
 
 @contextlib.contextmanager

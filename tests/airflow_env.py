@@ -30,6 +30,9 @@ def airflow_env(airflow_home: Path, cdc_home: Path, **extra: str) -> dict[str, s
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "PYTHONPATH": f"{ROOT / 'spark_jobs'}{os.pathsep}{ROOT / 'plugins'}",
             "CDC_SPARK_CONF_spark__sql__shuffle__partitions": "2",
+            # a 500 from the api-server carries the database's own error, so a
+            # test can tell SQLite's "database is locked" race from a real fault
+            "AIRFLOW__API__EXPOSE_STACKTRACE": "True",
         }
     )
     env.update(extra)

@@ -94,6 +94,30 @@ class Standalone:
         assert r.ok, f"{method} {path}: {r.status_code} {r.text}"
         return r.json()
 
+    def trigger(self, conf: dict, attempts: int = 5) -> dict:
+        """A manual run with ``conf``, posted as the UI's trigger form does.
+        On the embedded SQLite metadata database the insert can lose a race
+        with the scheduler ("database is locked": a WAL snapshot upgrade, no
+        busy wait applies) and the api-server answers 500 having written
+        nothing; the user's remedy -- trigger again -- is what this does, only
+        for that error and only when no manual run appeared."""
+        body = {"logical_date": None, "conf": conf}
+        for attempt in range(1, attempts + 1):
+            manual_before = self._manual_runs()
+            r = requests.post(
+                f"{self.base}/api/v2/dags/cdc_apply/dagRuns", headers={"Authorization": f"Bearer {self.token}"}, json=body, timeout=90
+            )
+            if r.ok:
+                return r.json()
+            locked = r.status_code == 500 and "database is locked" in r.text
+            assert locked and self._manual_runs() == manual_before and attempt < attempts, f"trigger {conf}: {r.status_code} {r.text}"
+            time.sleep(2)
+        raise AssertionError("unreachable")
+
+    def _manual_runs(self) -> set[str]:
+        runs = self.api("GET", "/dags/cdc_apply/dagRuns?limit=100&run_type=manual")["dag_runs"]
+        return {r["dag_run_id"] for r in runs}
+
     def wait_runs(self, predicate, timeout: float = 900) -> list[dict]:
         deadline = time.time() + timeout
         runs = []
@@ -185,7 +209,7 @@ def test_backfill_then_rest_trigger(tmp_path, monkeypatch):
         # beside it a manual run (every pending file), as an hourly run can start mid-backfill:
         # a backfill's runs do not count against the DAG's max_active_runs
         create_backfill(sa, env, "2026-01-01T01:00:00+00:00", "2026-01-01T03:00:00+00:00")
-        sa.api("POST", "/dags/cdc_apply/dagRuns", json={"logical_date": None, "conf": {"source": "pg_inventory"}})
+        sa.trigger({"source": "pg_inventory"})
         runs = sa.wait_runs(
             lambda rs: (
                 len([r for r in rs if r["run_type"] == "backfill"]) == 3
@@ -219,7 +243,7 @@ def test_backfill_then_rest_trigger(tmp_path, monkeypatch):
             },
         )
         write_jsonl(Path(settings.archive_dir) / "pg_inventory" / "2026/01/01/03" / "customers-0001.jsonl", [line])
-        run = sa.api("POST", "/dags/cdc_apply/dagRuns", json={"logical_date": None, "conf": {"source": "pg_inventory", "max_files": 0}})
+        run = sa.trigger({"source": "pg_inventory", "max_files": 0})
         run_id = run["dag_run_id"]
         sa.wait_runs(lambda rs: any(r["dag_run_id"] == run_id and r["state"] == "success" for r in rs))
         _, rows = table_rows(env)

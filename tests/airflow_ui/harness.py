@@ -99,7 +99,7 @@ class Ui:
         return requests.get(f"{self.base}{path}", headers=headers, timeout=120)
 
     def trigger(self, conf: dict[str, Any]) -> str:
-        return self.api("POST", "/dags/cdc_apply/dagRuns", json={"logical_date": None, "conf": conf})["dag_run_id"]
+        return self.sa.trigger(conf)["dag_run_id"]
 
     def wait(self, run_id: str, timeout: float = 900) -> dict[str, Any]:
         deadline = time.time() + timeout

@@ -137,3 +137,30 @@ def test_a_batch_spanning_days_logs_each_change_in_its_day(spark, settings, ns):
     assert sorted(r["line"] for r in rows) == list(range(1, 13))
     assert len({r["day"] for r in rows}) == 3
     assert all(r["part"] == r["day"] for r in rows), rows
+
+
+@pytest.mark.parametrize("task_bytes, several", [(1 << 10, True), (1 << 30, False)])
+def test_a_large_batchs_day_is_written_by_tasks_of_the_asked_size(spark, settings, ns, monkeypatch, task_bytes, several):
+    """The change log's write asks Spark for tasks of
+    ``SHUFFLE_BYTES_PER_WRITE_TASK`` shuffled bytes: a batch large enough to
+    run adaptive (not a small batch) has its one day's rows split among
+    several write tasks, each writing its own file, instead of one task
+    writing them all (Iceberg's own size, derived from its 512 MB target
+    file); every change is logged once either way."""
+    from cdc_apply.runtime import spark_conf
+
+    monkeypatch.setattr(spark_conf, "SMALL_BATCH_MESSAGES", 0)
+    monkeypatch.setattr(changelog, "SHUFFLE_BYTES_PER_WRITE_TASK", task_bytes)
+    evs = []
+    for part in range(2):  # two decode partitions (files): the shuffle's map side
+        f = f"/virtual/{ns}/h{part}.jsonl"
+        evs += [
+            event("c", 500 * part + i, {"name": "n" * 200, "amount": "1.00"}, pos=500 * part + i, file=f, line=i + 1) for i in range(1, 401)
+        ]
+    r = apply_events(spark, settings, ns, evs)
+    assert r.status == "complete", r.message
+    ident = f"{settings.catalog_name}.{ns}.items_changes"
+    assert spark.sql(f"SELECT count(*) AS n, count(DISTINCT file, line) AS d FROM {ident}").collect()[0].asDict() == {"n": 800, "d": 800}
+    files = spark.sql(f"SELECT count(*) AS n, count(DISTINCT partition) AS days FROM {ident}.files").collect()[0]
+    assert files["days"] == 1
+    assert (files["n"] > 1) == several, files

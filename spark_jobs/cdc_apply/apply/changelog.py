@@ -33,6 +33,14 @@ COLUMNS = (
 """``present``: the columns the after image carries (sorted): a column absent
 from it was not present in the message (partial rows), one present with NULL
 was set to NULL."""
+SHUFFLE_BYTES_PER_WRITE_TASK = 64 << 20
+"""The change log's write shuffles its rows by day (the table's partitions),
+and Iceberg asks Spark for write tasks of a size it derives from its 512 MB
+target file, so a backfill's rows of one day (1M events: ~260 MB shuffled)
+were written by one task on one core while the batch waited for it
+(bench/README, issue 20 step 22).  Asked for this size instead, adaptive
+execution splits the day among tasks; a small batch (one shuffle partition,
+``spark_conf.small_batch_conf``) writes one file as before."""
 
 
 def identifier(table_identifier: str) -> str:
@@ -112,7 +120,8 @@ def write(work: Any, spec: tables.TableSpec, events: DataFrame, files: list[Arch
     props = ledger.summary_properties(batch_id, applied, position_max=None, truncated_at=None, counts={})
     attempt = props[branches.ATTEMPT_PROPERTY] = uuid.uuid4().hex
     # as write options, not session conf: the table's labelling runs beside this write (table._apply)
-    rows.writeTo(branches.branch_ref(cl, branch)).options(**branches.snapshot_property_options(props)).append()
+    options = {**branches.snapshot_property_options(props), "advisory-partition-size": str(SHUFFLE_BYTES_PER_WRITE_TASK)}
+    rows.writeTo(branches.branch_ref(cl, branch)).options(**options).append()
     return ident, branches.own_head(spark, cl, branch, attempt, batch_id, start)
 
 

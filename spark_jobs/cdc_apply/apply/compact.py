@@ -68,12 +68,17 @@ def sql_string(text: str) -> str:
 def batch_position(c: str, s: str = "", present: str | None = None) -> str:
     """SQL: the position that set data column ``c`` in a net change (alias
     prefix ``s``, e.g. ``"s."``): its last event carrying the column, else
-    the key's last delete.  ``present``: the SQL list of the columns the
+    the key's last delete.  ``_cdc_cpos`` names only the columns set at
+    another position than the change's own (``_cdc_pos``, see
+    ``_folded_columns``).  ``present``: the SQL list of the columns the
     change carries (default ``{s}_cdc_present``, as ``merge_source`` names
     it).  The MERGE's contest per column and ``_replaces_stored_row`` both
     read it here."""
     col = sql_string(c)
-    return f"(CASE WHEN array_contains({present or s + '_cdc_present'}, {col}) THEN {s}_cdc_cpos[{col}] ELSE {s}_cdc_delpos END)"
+    return (
+        f"(CASE WHEN array_contains({present or s + '_cdc_present'}, {col}) "
+        f"THEN coalesce({s}_cdc_cpos[{col}], {s}{META_POS}) ELSE {s}_cdc_delpos END)"
+    )
 
 
 def typed_value(text: Column, spark_type: str) -> Column:
@@ -462,7 +467,7 @@ CASE WHEN {e}.op = 'd'
                     'bdelpos', cast(NULL AS string), 'endcid', {e}.cid,
                     'bcid', cast(NULL AS string), 'binh', cast(map() AS map<string,string>))
   ELSE named_struct('deleted', false, 'vals', {e}.after,
-                    'cpos', map_from_arrays(map_keys({e}.after), array_repeat({e}.pos, size({e}.after))),
+                    'cpos', cast(map() AS map<string,string>),
                     'delpos', cast(NULL AS string),
                     'pos', {e}.pos, 'op', {e}.op, 'commit_ts', {e}.commit_ts, 'tx_id', {e}.tx_id,
                     'cid', {e}.cid, 'inh', {e}.inh,
@@ -486,7 +491,7 @@ def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
     batch's last event is newer than the stored row; 'fill' when every event
     is older, so only columns last set lower still change), ``_cdc_vals``
     (present columns as canonical text), ``_cdc_cpos`` (the position that set
-    each of them), ``_cdc_delpos`` (the batch's last delete of the key: the
+    each of them, where it is not ``_cdc_pos``), ``_cdc_delpos`` (the batch's last delete of the key: the
     columns not present were set NULL there; null when the batch has none,
     so they keep the stored value), ``_cdc_pos``/``_cdc_op``/
     ``_cdc_commit_ts``/``_cdc_tx_id`` of the last event, ``_cdc_events``
@@ -521,17 +526,24 @@ def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
         )
         .withColumn("_f", F.expr(_ONE_OR_FOLD))
     )
-    return _folded_columns(alone, keys).unionByName(_folded_columns(grouped, keys))
+    return _folded_columns(alone, keys).unionByName(_folded_columns(grouped, keys, several=True))
 
 
-def _folded_columns(df: DataFrame, keys: list[str]) -> DataFrame:
+def _folded_columns(df: DataFrame, keys: list[str], *, several: bool = False) -> DataFrame:
+    """The net change's columns out of the fold ``_f``.  ``_cdc_cpos`` keeps
+    only the columns set at another position than ``_cdc_pos`` (the others
+    were set by the change's own last event, ``batch_position``): a key with
+    one event has none to keep, and the batch's cached net changes do not
+    carry each row's position once per column.  ``several``: ``_f`` folded
+    several events, its ``cpos`` names every column and is filtered here."""
     newer = F.col("_cdc_stored_pos").isNull() | (F.col("_f.pos") > F.col("_cdc_stored_pos"))
     tombstone = newer & F.col("_f.deleted")  # keeps the state just before its delete
+    cpos = F.when(tombstone, F.col("_f.bcpos")).otherwise(F.col("_f.cpos"))
     return df.select(
         *keys,
         F.when(~newer, F.lit("fill")).when(F.col("_f.deleted"), F.lit("delete")).otherwise(F.lit("upsert")).alias("_cdc_action"),
         F.when(tombstone, F.col("_f.bvals")).otherwise(F.col("_f.vals")).alias("_cdc_vals"),
-        F.when(tombstone, F.col("_f.bcpos")).otherwise(F.col("_f.cpos")).alias("_cdc_cpos"),
+        (F.map_filter(cpos, lambda _, v: v != F.col("_f.pos")) if several else cpos).alias("_cdc_cpos"),
         F.when(tombstone, F.col("_f.bdelpos")).otherwise(F.col("_f.delpos")).alias("_cdc_delpos"),
         F.when(tombstone, F.col("_f.bcid")).otherwise(F.col("_f.cid")).alias("_cdc_cid"),
         F.when(tombstone, F.col("_f.binh")).otherwise(F.col("_f.inh")).alias("_cdc_inh"),

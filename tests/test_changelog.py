@@ -152,7 +152,7 @@ def test_a_large_batchs_day_is_written_by_tasks_of_the_asked_size(spark, setting
     monkeypatch.setattr(spark_conf, "SMALL_BATCH_MESSAGES", 0)
     monkeypatch.setattr(changelog, "SHUFFLE_BYTES_PER_WRITE_TASK", task_bytes)
     evs = []
-    for part in range(2):  # two decode partitions (files): the shuffle's map side
+    for part in range(2):  # two files of 400 changes, every one of the same day
         f = f"/virtual/{ns}/h{part}.jsonl"
         evs += [
             event("c", 500 * part + i, {"name": "n" * 200, "amount": "1.00"}, pos=500 * part + i, file=f, line=i + 1) for i in range(1, 401)

@@ -754,6 +754,8 @@ def spark_jobs_profile(spark, group: str, wall_seconds: float | None = None) -> 
                 "executor_run_seconds": round(sum(x.get("executorRunTime", 0) for x in st) / 1000, 3),
                 "input_mb": round(sum(x.get("inputBytes", 0) for x in st) / 1e6, 2),
                 "shuffle_write_mb": round(sum(x.get("shuffleWriteBytes", 0) for x in st) / 1e6, 2),
+                "gc_seconds": round(sum(x.get("jvmGcTime", 0) for x in st) / 1000, 3),
+                "spilled_mb": round(sum(x.get("diskBytesSpilled", 0) for x in st) / 1e6, 2),
             }
         )
     busy, cur = 0.0, None
@@ -780,6 +782,9 @@ def spark_jobs_profile(spark, group: str, wall_seconds: float | None = None) -> 
             sorted(((k, {kk: round(vv, 3) for kk, vv in v.items()}) for k, v in by_what.items()), key=lambda kv: -kv[1]["seconds"])
         ),
         "longest_jobs": sorted(rows, key=lambda r: -r["seconds"])[:15],
+        "executor_run_seconds": round(sum(r["executor_run_seconds"] for r in rows), 3),
+        "gc_seconds": round(sum(r["gc_seconds"] for r in rows), 3),
+        "spilled_mb": round(sum(r["spilled_mb"] for r in rows), 2),
     }
     if wall_seconds:
         out["wall_seconds"] = round(wall_seconds, 3)

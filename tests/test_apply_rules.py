@@ -868,6 +868,30 @@ def _sql_executions(spark, *, plans: bool = False) -> list[dict]:
         return json.loads(r.read())
 
 
+def test_a_batchs_spark_jobs_are_named_by_table_and_phase(spark, settings, ns):
+    """The Spark UI lists a batch's work as ``<table>: <phase>`` (and the
+    source's decode as ``<source>: decode``), not ``sql at <unknown>:0``:
+    an operator reading a slow batch there sees which phase of which table
+    took the time.  The name is given back after the batch."""
+    import time
+
+    sc = spark.sparkContext
+    before = max((e["id"] for e in _sql_executions(spark)), default=-1)
+    r = apply_events(
+        spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1), event("u", 1, {"name": "b", "amount": "2.00"}, pos=2)]
+    )
+    assert r.status == "complete", r.message
+    table = r.tables[0].table
+    wanted = {f"{ns}: decode", *(f"{table}: {p}" for p in ("changelog", "label", "merge", "reconcile", "gate"))}
+    for _ in range(50):  # the UI's listener is asynchronous
+        named = {e.get("description") for e in _sql_executions(spark) if e["id"] > before}
+        if wanted <= named:
+            break
+        time.sleep(0.2)
+    assert wanted <= named, sorted(str(n) for n in named)
+    assert sc.getLocalProperty("spark.job.description") is None
+
+
 def _merge_plans(spark, after_id: int) -> list[str]:
     """Physical plans of the MERGE statements the session ran after SQL
     execution ``after_id`` (the UI's listener is asynchronous, so it is polled)."""

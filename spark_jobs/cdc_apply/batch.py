@@ -43,6 +43,7 @@ from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalErr
 from cdc_apply.model import CONFIG_REFUSED_PREFIX
 from cdc_apply.results import BatchResult, Override, TableResult, reason_class
 from cdc_apply.runtime import spark_conf
+from cdc_apply.runtime.session import described
 from cdc_apply.status import Status
 
 log = logging.getLogger("cdc_apply")
@@ -237,13 +238,14 @@ def apply_decoded(
     with contextlib.ExitStack() as own:
         raw = decoded.persist()
         own.callback(raw.unpersist)
-        # lines of partly applied files that an earlier batch accounted for are not read again
-        decoded = held.only_held_lines(spark, raw, held.prior_in_batch(state, files))
-        kept, linked = _hold_transactions(spark, source, result, state, decoded)
-        if kept is None:
-            return result
-        decoded = kept
-        status_counts = _count_messages(decoded, result)
+        with described(spark, f"{source.name}: decode"):
+            # lines of partly applied files that an earlier batch accounted for are not read again
+            decoded = held.only_held_lines(spark, raw, held.prior_in_batch(state, files))
+            kept, linked = _hold_transactions(spark, source, result, state, decoded)
+            if kept is None:
+                return result
+            decoded = kept
+            status_counts = _count_messages(decoded, result)
         (own if scope is None else scope).enter_context(spark_conf.small_batch_conf(spark, settings, result.messages["read"]))
         _refuse_config(source, status_counts, decoded)
         _carry_held(decoded, result, state, files)
@@ -410,7 +412,8 @@ def _apply_tables(
     tables without a valid target and those colliding on one.  ``linked``:
     the batch has source transactions, whose tables publish together
     (``result.publish_groups``)."""
-    table_meta = _table_meta(events, declared)
+    with described(spark, f"{source.name}: tables of the batch"):
+        table_meta = _table_meta(events, declared)
     aliases, ambiguous = _fuller_names(table_meta)
     if aliases:  # one table under two names (rare): read as its fuller name, grouped again
         events = _rename_tables(events, aliases)
@@ -737,7 +740,7 @@ def _run_suites(
     branch_df = (
         branches.read_branch(spark, spec, tr.audit_branch) if tr.branch_snapshot is None else read_snapshot(spark, spec, tr.branch_snapshot)
     )
-    with tr.timed("gate"):
+    with tr.timed("gate"), described(spark, f"{tr.table}: gate"):
         return gate.run_gx(settings, branch_df, tr.table, tr.key_columns, batch_id)
 
 

@@ -35,6 +35,7 @@ from cdc_apply.apply.compact import META_POS, quote
 from cdc_apply.apply.gx_import import import_great_expectations, load_deferred
 from cdc_apply.config import Settings
 from cdc_apply.runtime.background import Background
+from cdc_apply.runtime.session import described
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ class GateAhead:
         def run() -> GateResult:
             if before is not None:
                 before.wait()
-            with tr.timed("gate"):
+            with tr.timed("gate"), described(branch.sparkSession, f"{tr.table}: gate"):
                 return run_gx(settings, branch, tr.table, tr.key_columns, batch_id)
 
         self._last = Background(branch.sparkSession, run, f"gate-{tr.table}")

@@ -13,6 +13,8 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +29,7 @@ from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalErr
 from cdc_apply.results import TableResult
 from cdc_apply.runtime import spark_conf
 from cdc_apply.runtime.background import Background
+from cdc_apply.runtime.session import described
 from cdc_apply.status import Status
 
 log = logging.getLogger("cdc_apply")
@@ -143,7 +146,7 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
         if work.source.lookup(work.source.history, meta["database"], meta["schema_name"], meta["table_name"]):
             if log_write:
                 log_write.result()
-            with tr.timed("history"):
+            with _phase(spark, tr, "history"):
                 tr.history, tr.history_snapshot = history.write(work, spec, new_files, tr.changelog_snapshot, watermark) or (None, None)
         _write(work, spec, ev.where("op <> 't'"), meta, truncs, truncated_at, new_files, tr, led, log_write)
     finally:
@@ -153,8 +156,16 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
 
 
 def _write_changelog(work: TableWork, spec: tables.TableSpec, events: DataFrame, files: list[ArchiveFile], tr: TableResult) -> None:
-    with tr.timed("changelog"):
+    with _phase(work.spark, tr, "changelog"):
         tr.changelog, tr.changelog_snapshot = changelog.write(work, spec, events, files) or (None, None)
+
+
+@contextmanager
+def _phase(spark: SparkSession, tr: TableResult, phase: str) -> Iterator[None]:
+    """A phase of the table's apply: timed into ``tr.seconds`` and its Spark
+    jobs named ``<table>: <phase>`` in the Spark UI."""
+    with tr.timed(phase), described(spark, f"{tr.table}: {phase}"):
+        yield
 
 
 def _table_key(meta: Any) -> str:
@@ -220,7 +231,7 @@ def _write(
         start_snapshot = branches.branch_snapshot(spark, spec, branch)
     # a primary-key change is a delete and an insert sharing a change_id; its
     # delete half may be in this batch or, as a tombstone, in the table
-    with tr.timed("key_changes"):
+    with _phase(spark, tr, "key_changes"):
         moved = compact.inherit_moved_columns(
             prepared,
             branches.read_branch(spark, spec, branch),
@@ -238,14 +249,14 @@ def _write(
     # the live rows as the last batch's reconciliation counted them, when this batch starts from its snapshot
     base_live = None if truncs["n"] else tables.counted_live_rows(properties, start_snapshot)
     if base_live is None:
-        with tr.timed("live_rows"):
+        with _phase(spark, tr, "live_rows"):
             base_live = branches.read_branch(spark, spec, branch).where("NOT _cdc_deleted").count()
     n_events = int(meta["n"])
     prune = n_events <= compact.BROADCAST_ROWS_MAX and n_events * PRUNE_STATE_MIN_RATIO <= base_live
     labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at, prune_state=prune).persist()
     folded = compact.fold_per_key(labelled, spec.key_columns).persist()
     try:
-        with tr.timed("label"):
+        with _phase(spark, tr, "label"):
             acc = compact.accounting(labelled, folded, spec.key_columns, list(spec.columns))
         counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
         if acc.null_keys:  # rare: quarantine them, apply the rest (a missing key never blocks the source)
@@ -265,7 +276,7 @@ def _write(
                     f"null_key_share(max={work.source.quarantine_max_share}, got={keyless / n_events:.4f}, events={keyless})"
                 )
         counts["truncates"] = int(truncs["n"])
-        with tr.timed("key_changes"):
+        with _phase(spark, tr, "key_changes"):
             counts["key_changes_inherited"] = moved.pairs.count()
         if counts.get("partial_inserts"):
             log.warning(
@@ -296,7 +307,7 @@ def _write(
             log_write.result()
         with branches.snapshot_properties(spark, props):
             source_df = compact.merge_source(folded, spec.key_columns, spec.columns)
-            with tr.timed("merge"), spark_conf.merge_conf(spark, work.settings):
+            with _phase(spark, tr, "merge"), spark_conf.merge_conf(spark, work.settings):
                 merge.merge_changes(
                     spark,
                     spec,
@@ -309,7 +320,7 @@ def _write(
                     whole_rows=acc.whole_rows == stored_keys,
                 )
             if refresh and counts["deleted"] + counts["noop_deletes"] + counts["filled"]:  # tombstones written or filled
-                with tr.timed("key_change_refresh"):
+                with _phase(spark, tr, "key_change_refresh"):
                     counts["key_changes_refreshed"] = merge.refresh_inherited(spark, spec, branch, work.batch_id)
             # a net change always commits (a stored key's has another position than the
             # stored row: it matches; a new key's is appended); none: the ledger alone
@@ -321,7 +332,7 @@ def _write(
         if work.gate_ahead is not None:
             work.gate_ahead.start(tr, read_snapshot(spark, spec, tr.branch_snapshot))
         # reconciliation needs the folded batch: computed now, judged by the gate
-        with tr.timed("reconcile"):
+        with _phase(spark, tr, "reconcile"):
             written = read_snapshot(spark, spec, tr.branch_snapshot)
             live_after = written.where("NOT _cdc_deleted").count()
             tr.failed_expectations += gate.reconcile(written, base_live, live_after, folded, spec.key_columns, counts, main_df)

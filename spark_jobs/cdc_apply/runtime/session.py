@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 
 from pyspark.sql import SparkSession
 
@@ -83,9 +85,31 @@ def remote_session(settings: Settings, *, pool: str | None = None) -> SparkSessi
     return spark
 
 
+JOB_DESCRIPTION = "spark.job.description"
+
+
 def is_remote(spark: SparkSession) -> bool:
     """A Spark Connect session (no SparkContext, no JVM in this process)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+@contextlib.contextmanager
+def described(spark: SparkSession, text: str) -> Iterator[None]:
+    """Name the Spark jobs the block starts, on this thread (and threads it
+    starts): the Spark UI lists them as ``text`` instead of a call site such
+    as ``sql at <unknown>:0``, so a slow batch shows which phase of which
+    table its time went to.  A Spark Connect session is left as it is (its
+    UI names each operation already)."""
+    if is_remote(spark):
+        yield
+        return
+    sc = spark.sparkContext
+    before = sc.getLocalProperty(JOB_DESCRIPTION)
+    sc.setLocalProperty(JOB_DESCRIPTION, text)
+    try:
+        yield
+    finally:
+        sc.setLocalProperty(JOB_DESCRIPTION, before)  # type: ignore[arg-type]  # None unsets it
 
 
 def stop_remote_session() -> None:

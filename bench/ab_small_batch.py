@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="")
     p.add_argument("--switch", choices=SWITCHES, default="small-batch", help="what the variants differ in")
     args = p.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="cdc-ab-small-"))
+    work = C.scratch_dir("cdc-ab-small-")
     C.prepare_home(work / "home", list(VARIANTS))
     from cdc_apply.apply import gate
     from cdc_apply.batch import run_batch

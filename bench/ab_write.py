@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     variants = args.variants.split(",")
-    work = Path(tempfile.mkdtemp(prefix="cdc-ab-"))
+    work = C.scratch_dir("cdc-ab-")
     C.prepare_home(work / "home", variants)
     from cdc_apply.apply import merge
     from cdc_apply.batch import run_batch

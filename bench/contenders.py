@@ -23,6 +23,7 @@ Child entry point: ``python -m bench.contenders pyiceberg-child ...``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import base64
 import cProfile
 import datetime as dt
@@ -34,6 +35,7 @@ import pstats
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -73,6 +75,15 @@ def sources_yaml(names: list[str], merge_mode: str | None = None) -> str:
             f"      {wl.SCHEMA_NAME}.{wl.TABLE}: {{primary_key: [{wl.KEY}]}}",
         ]
     return "\n".join(lines) + "\n"
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A temporary folder for an A/B script's data and catalog, removed when
+    the script exits: a 1M-row A/B leaves 3-8 GB, and a few of them filled
+    this machine's disk."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, work, True)
+    return work
 
 
 def prepare_home(home: Path, sources: list[str], merge_mode: str | None = None) -> dict[str, str]:

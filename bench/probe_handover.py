@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -126,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="cdc-probe-handover-"))
+    work = C.scratch_dir("cdc-probe-handover-")
     C.prepare_home(work / "home", ["bench"])
     from cdc_apply.config import Settings
     from cdc_apply.decode.stage import parallelism

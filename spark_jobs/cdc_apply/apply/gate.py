@@ -145,7 +145,11 @@ def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: 
         ctx.variables.save()
     except Exception:  # progress bars are cosmetic
         pass
-    ds = ctx.data_sources.add_or_update_spark(name="cdc_branch")
+    # persist=False: GX's Spark engine would cache every frame it validates,
+    # all columns, and never release it (a long-lived session, the Connect
+    # server, kept each batch's rows in its cache); its queries read only the
+    # columns they check from the branch's pinned snapshot instead
+    ds = ctx.data_sources.add_or_update_spark(name="cdc_branch", persist=False)
     rows_suite = gx.ExpectationSuite(name=f"{table}_batch_rows")
     table_suite = gx.ExpectationSuite(name=f"{table}_whole_table")
     for e in generated_expectations(key_columns):

@@ -740,7 +740,7 @@ def _run_suites(
     branch_df = (
         branches.read_branch(spark, spec, tr.audit_branch) if tr.branch_snapshot is None else read_snapshot(spark, spec, tr.branch_snapshot)
     )
-    with tr.timed("gate"), described(spark, f"{tr.table}: gate"):
+    with tr.timed("gate"):
         return gate.run_gx(settings, branch_df, tr.table, tr.key_columns, batch_id)
 
 

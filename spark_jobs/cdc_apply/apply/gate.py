@@ -130,7 +130,13 @@ values even when it passes and the list is empty (bench/README, step 18)."""
 def run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: list[str], batch_id: str) -> GateResult:
     """Validate the audit branch: the generated suite and the user suite's
     row-wise expectations on the rows this batch wrote, the user suite's
-    table-wide expectations on the whole branch."""
+    table-wide expectations on the whole branch.  Its Spark jobs are named
+    ``<table>: gate``, whichever stage runs it."""
+    with described(branch.sparkSession, f"{identifier}: gate"):
+        return _run_gx(settings, branch, identifier, key_columns, batch_id)
+
+
+def _run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns: list[str], batch_id: str) -> GateResult:
     gx = import_great_expectations()
     from great_expectations.expectations.expectation_configuration import (
         ExpectationConfiguration,
@@ -211,7 +217,7 @@ class GateAhead:
         def run() -> GateResult:
             if before is not None:
                 before.wait()
-            with tr.timed("gate"), described(branch.sparkSession, f"{tr.table}: gate"):
+            with tr.timed("gate"):
                 return run_gx(settings, branch, tr.table, tr.key_columns, batch_id)
 
         self._last = Background(branch.sparkSession, run, f"gate-{tr.table}")

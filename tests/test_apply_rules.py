@@ -389,12 +389,11 @@ def test_an_unknown_merge_mode_is_refused_with_the_choices(settings, tmp_path):
     assert load_sources(dataclasses.replace(settings, sources_file=f))["s"].merge_mode == "merge-on-read"
 
 
-def test_the_one_event_short_cuts_fold_as_the_general_fold(spark, monkeypatch):
-    """A key with one event in the batch is folded without grouping, and a
-    grouped key left with one applied event skips the fold's lambdas: both
-    must give the general fold's rows, for a lone upsert, a lone delete, a
+def test_the_one_event_short_cut_folds_as_the_general_fold(spark, monkeypatch):
+    """A key left with one applied event skips the fold's lambdas: it must
+    give the general fold's rows, for a lone upsert, a lone delete, a
     partial row, a key whose other event is a duplicate, and keys with
-    several events."""
+    several events (folded in position order, whatever the delivery order)."""
     from cdc_apply.apply import compact
 
     rows = [
@@ -410,26 +409,27 @@ def test_the_one_event_short_cuts_fold_as_the_general_fold(spark, monkeypatch):
         (6, "p04", "f", 9, "u", {"id": "6"}, "duplicate", True),
         (7, "p10", "f", 10, "u", {"id": "7", "a": "w"}, "apply", True),
         (7, "p10", "f", 11, "u", {"id": "7", "a": "w"}, "duplicate", True),
-        (8, "p11", "f", 12, "d", None, "superseded", True),
+        (8, "p11", "f", 12, "d", None, "conflict", True),
     ]
     per_key = collections.Counter(r[0] for r in rows)
+    events = spark.createDataFrame(
+        [(k, p, f, ln, op, after, None, f"tx{k}", label, per_key[k], f"{p}|{k}", None) for k, p, f, ln, op, after, label, _ in rows],
+        "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint, _cdc_op string, _cdc_after map<string,string>, "
+        "_cdc_commit_ts timestamp, _cdc_tx_id string, _cdc_label string, _cdc_key_events bigint, "
+        "_cdc_change_id string, _cdc_inh map<string,string>",
+    )
+    stored = spark.createDataFrame(
+        sorted({(k, live, "p00" if live else None, 0) for k, *_, live in rows}),
+        "id bigint, _cdc_stored_live boolean, _cdc_stored_pos string, _k_superseded bigint",
+    )
 
-    def folded(key_events) -> dict:
-        df = spark.createDataFrame(
-            [
-                (k, p, f, ln, op, after, None, f"tx{k}", label, live, "p00" if live else None, key_events(k), f"{p}|{k}", None)
-                for k, p, f, ln, op, after, label, live in rows
-            ],
-            "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint, _cdc_op string, _cdc_after map<string,string>, "
-            "_cdc_commit_ts timestamp, _cdc_tx_id string, _cdc_label string, _cdc_stored_live boolean, _cdc_stored_pos string, _cdc_key_events bigint, "
-            "_cdc_change_id string, _cdc_inh map<string,string>",
-        )
-        return {r["id"]: r.asDict() for r in compact.fold_per_key(df, ["id"]).collect()}
+    def folded() -> dict:
+        net = compact.fold_per_key(compact.collapse_per_key(events, ["id"]).join(stored, "id"), ["id"])
+        return {r["id"]: r.asDict() for r in compact.applied(net).collect()}
 
-    short = folded(per_key.__getitem__)
-    grouped = folded(lambda k: 2)  # every key grouped: size(evs) = 1 takes _ONE_OR_FOLD's short cut
+    short = folded()
     monkeypatch.setattr(compact, "_ONE_OR_FOLD", compact._FOLD)
-    assert short == grouped == folded(lambda k: 2)
+    assert short == folded()
     assert short[1]["_cdc_vals"] == {"id": "1", "a": "x"} and short[1]["_cdc_delpos"] is None
     # a delete carries the state just before it (its tombstone keeps the stored row's values)
     assert short[2]["_cdc_action"] == "delete" and short[2]["_cdc_delpos"] is None and short[2]["_cdc_vals"] == {}
@@ -481,7 +481,7 @@ def test_labelling_is_the_same_with_or_without_pruning_the_stored_state(spark, s
     monkeypatch.setattr(table, "PRUNE_STATE_MIN_RATIO", 0 if prune else 1)
     seen = []
     real = table.compact.label_against_target
-    monkeypatch.setattr(table.compact, "label_against_target", lambda *a, **kw: seen.append(kw["prune_state"]) or real(*a, **kw))
+    monkeypatch.setattr(table.compact, "label_against_target", lambda *a, **kw: seen.append(kw["prune_to"] is not None) or real(*a, **kw))
     first = [
         event("c", 1, {"name": "a", "amount": "1.00"}, pos=10),
         event("c", 2, {"name": "b", "amount": "2.00"}, pos=10),

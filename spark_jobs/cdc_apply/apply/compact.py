@@ -151,10 +151,55 @@ def label_duplicates(events: DataFrame, key_cols: list[str]) -> DataFrame:
     ).drop("_cdc_content")
 
 
-def label_against_target(
-    events: DataFrame, target_state: DataFrame, key_cols: list[str], truncated_at: str | None, *, prune_state: bool = False
+def net_changes(
+    events: DataFrame, target_state: DataFrame, key_cols: list[str], truncated_at: str | None, *, width: int, prune: bool = False
 ) -> DataFrame:
-    """Compare each event with the key's stored position and the truncate watermark.
+    """A batch's events (``prepare_events``) as one row per key: labelled
+    (``label_duplicates``, ``label_against_target``), folded and counted
+    (``fold_per_key``): what ``accounting`` sums and ``applied`` writes.
+    One shuffle of the events (by key); the join with the target joins keys.
+    ``prune``: ``label_against_target``'s ``prune_to`` is the batch."""
+    per_key = collapse_per_key(label_duplicates(events, key_cols), key_cols)
+    labelled = label_against_target(per_key, target_state, key_cols, truncated_at, prune_to=events if prune else None)
+    return fold_per_key(labelled, key_cols, width)
+
+
+def collapse_per_key(labelled: DataFrame, key_cols: list[str]) -> DataFrame:
+    """One row per key of the batch, out of ``label_duplicates``' window (the
+    same partitioning and order: no new shuffle, no new sort), so that the
+    join with the target joins keys, not events.
+
+    ``_cdc_evs``: the key's events labelled ``apply``, in the order they
+    apply (position, file, line: the window's own order); ``_cdc_key_events``
+    counts all of its events, ``_k_dups``/``_k_conflicts`` those the batch
+    itself labelled so, ``_k_lo``/``_k_hi`` their lowest and highest position."""
+    keys = [quote(k) for k in key_cols]
+    w = Window.partitionBy(*keys).orderBy(META_POS, "_cdc_file", "_cdc_line")
+    whole_key = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    label = F.col("_cdc_label")
+    return (
+        labelled.select(
+            *keys,
+            "_cdc_key_events",
+            F.collect_list(F.when(label == APPLY, _event())).over(whole_key).alias("_cdc_evs"),
+            F.count(F.when(label == DUPLICATE, 1)).over(whole_key).alias("_k_dups"),
+            F.count(F.when(label == CONFLICT, 1)).over(whole_key).alias("_k_conflicts"),
+            F.min(META_POS).over(whole_key).alias("_k_lo"),
+            F.max(META_POS).over(whole_key).alias("_k_hi"),
+            F.row_number().over(w).alias("_k_row"),
+        )
+        .where(F.col("_k_row") == F.col("_cdc_key_events"))
+        .drop("_k_row")
+    )
+
+
+def label_against_target(
+    per_key: DataFrame, target_state: DataFrame, key_cols: list[str], truncated_at: str | None, *, prune_to: DataFrame | None = None
+) -> DataFrame:
+    """Compare each key's events (``collapse_per_key``) with its stored
+    position and the truncate watermark: ``_cdc_evs`` keeps those that
+    apply; ``_k_dups`` adds those at the stored position, ``_k_superseded``
+    counts the rest.
 
     ``target_state`` has the key columns, ``_cdc_position``, ``_cdc_deleted``
     and ``_cdc_col_pos`` (tombstones included: a deleted key remembers its
@@ -163,10 +208,10 @@ def label_against_target(
     tombstone's columns hold the state just before its delete) (``_cdc_stored_min_pos``): a late event fills what the later
     partial events did not carry, whatever the delivery order.
 
-    ``prune_state``: first keep only the stored rows whose key is in the batch
-    (the batch's keys broadcast, a semi join while scanning), so the join
+    ``prune_to``: the batch's events; first keep only the stored rows of
+    their keys (broadcast, a semi join while scanning), so the join
     shuffles rows in proportion to the batch instead of the whole table.  The
-    caller enables it for a batch small next to its table (job.PRUNE_STATE_*).
+    caller gives it for a batch small next to its table (table.PRUNE_STATE_*).
     """
     live = ~F.coalesce(F.col("_cdc_deleted"), F.lit(False))
     state = target_state.select(
@@ -176,22 +221,38 @@ def label_against_target(
         # a tombstone keeps the state just before its delete: a late event may fill it too
         F.coalesce(F.array_min(F.map_values(F.col("_cdc_col_pos"))), F.col("_cdc_position")).alias("_cdc_stored_min_pos"),
     )
-    if prune_state:
-        state = state.join(F.broadcast(events.select(*[quote(k) for k in key_cols])), on=key_cols, how="left_semi")
-    joined = events.join(state, on=key_cols, how="left")
-    label = F.col("_cdc_label")
-    if truncated_at is not None:
-        label = F.when((label == APPLY) & (F.col(META_POS) < F.lit(truncated_at)), F.lit(SUPERSEDED)).otherwise(label)
-    stored = F.col("_cdc_stored_pos")
-    label = (
-        F.when(label != APPLY, label)
-        .when(stored.isNull(), F.lit(APPLY))
-        .when(F.col(META_POS) == stored, F.lit(DUPLICATE))
-        .when(F.col(META_POS) > stored, F.lit(APPLY))
-        .when(F.col(META_POS) > F.col("_cdc_stored_min_pos"), F.lit(APPLY))
-        .otherwise(F.lit(SUPERSEDED))
+    if prune_to is not None:
+        state = state.join(F.broadcast(prune_to.select(*[quote(k) for k in key_cols])), on=key_cols, how="left_semi")
+    kept = "NOT ({e}.pos < " + sql_string(truncated_at) + ")" if truncated_at is not None else "true"
+    at_stored = kept + " AND {e}.pos = _cdc_stored_pos"
+    applies = (
+        kept + " AND (_cdc_stored_pos IS NULL OR {e}.pos > _cdc_stored_pos"
+        " OR ({e}.pos <> _cdc_stored_pos AND {e}.pos > _cdc_stored_min_pos))"
     )
-    return joined.withColumn("_cdc_label", label).withColumn("_cdc_stored_live", F.coalesce(F.col("_cdc_stored_live"), F.lit(False)))
+    return (
+        per_key.join(state, on=key_cols, how="left")
+        .withColumn("_k_batch_apply", F.size("_cdc_evs"))
+        .withColumn("_k_at_stored", F.expr(_count_where("_cdc_evs", at_stored)))
+        .withColumn("_cdc_evs", F.expr(_keep_where("_cdc_evs", applies)))
+        .withColumn("_k_dups", F.col("_k_dups") + F.col("_k_at_stored"))
+        .withColumn("_k_superseded", F.col("_k_batch_apply") - F.size("_cdc_evs") - F.col("_k_at_stored"))
+        .withColumn("_cdc_stored_live", F.coalesce(F.col("_cdc_stored_live"), F.lit(False)))
+        .drop("_k_batch_apply", "_k_at_stored", "_cdc_stored_min_pos")
+    )
+
+
+def _count_where(events: str, condition: str) -> str:
+    """SQL: how many of the ``events`` array's meet ``condition`` (over
+    ``{e}``).  A one-event array, most keys' of a batch, is tested by a
+    plain expression: a lambda is evaluated row by row, without generated code."""
+    one = condition.format(e=f"{events}[0]")
+    return f"CASE WHEN size({events}) = 1 THEN IF({one}, 1, 0) ELSE size(filter({events}, e -> {condition.format(e='e')})) END"
+
+
+def _keep_where(events: str, condition: str) -> str:
+    """SQL: the ``events`` array's elements that meet ``condition`` (``_count_where``'s short cut)."""
+    one = condition.format(e=f"{events}[0]")
+    return f"CASE WHEN size({events}) = 1 THEN IF({one}, {events}, slice({events}, 1, 0)) ELSE filter({events}, e -> {condition.format(e='e')}) END"
 
 
 def text_of(column: Column, spark_type: str) -> Column:
@@ -413,12 +474,9 @@ def _inherit(
     return done, cached
 
 
-_FOLD = (
-    """
+_FOLD = """
 aggregate(
-  """
-    + _IN_LOG_ORDER.format(events="evs")
-    + """,
+  _cdc_evs,
   named_struct('deleted', false, 'vals', cast(map() AS map<string,string>),
                'cpos', cast(map() AS map<string,string>), 'delpos', cast(NULL AS string),
                'pos', cast(NULL AS string), 'op', cast(NULL AS string),
@@ -444,7 +502,6 @@ aggregate(
                       'bcid', acc.bcid, 'binh', acc.binh)
   END)
 """
-)
 """The fold of a key's events.  ``vals``/``cpos``/``delpos``: the row as the
 batch leaves it (columns set since its last delete, and that delete);
 ``bvals``/``bcpos``/``bdelpos``: the same just before its last delete — what
@@ -476,29 +533,12 @@ CASE WHEN {e}.op = 'd'
                     'bcid', cast(NULL AS string), 'binh', cast(map() AS map<string,string>))
 END
 """
-_ONE_OR_FOLD = "CASE WHEN size(evs) = 1 THEN " + _ONE_EVENT.format(e="evs[0]") + " ELSE " + _FOLD + " END"
+_ONE_OR_FOLD = "CASE WHEN size(_cdc_evs) = 1 THEN " + _ONE_EVENT.format(e="_cdc_evs[0]") + " ELSE " + _FOLD + " END"
 
 
-def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
-    """Net effect per key of the events labelled ``apply``.
-
-    ``events`` come from ``label_duplicates`` (then ``label_against_target``):
-    ``_cdc_key_events`` counts the key's events in the batch.  A key with one
-    event (most keys of a batch) is folded by an expression on its row; only
-    keys with several events are grouped, their events collected and folded.
-
-    Output: key columns, ``_cdc_action`` ('upsert' | 'delete' when the
-    batch's last event is newer than the stored row; 'fill' when every event
-    is older, so only columns last set lower still change), ``_cdc_vals``
-    (present columns as canonical text), ``_cdc_cpos`` (the position that set
-    each of them, where it is not ``_cdc_pos``), ``_cdc_delpos`` (the batch's last delete of the key: the
-    columns not present were set NULL there; null when the batch has none,
-    so they keep the stored value), ``_cdc_pos``/``_cdc_op``/
-    ``_cdc_commit_ts``/``_cdc_tx_id`` of the last event, ``_cdc_events``
-    folded, ``_cdc_stored_live``, ``_cdc_stored_pos``.
-    """
-    keys = [quote(k) for k in key_cols]
-    ev = F.struct(
+def _event() -> Column:
+    """An event as the fold takes it (``_cdc_evs``' elements)."""
+    return F.struct(
         F.col(META_POS).alias("pos"),
         F.col("_cdc_file").alias("file"),
         F.col("_cdc_line").alias("line"),
@@ -509,41 +549,64 @@ def fold_per_key(events: DataFrame, key_cols: list[str]) -> DataFrame:
         F.col("_cdc_change_id").alias("cid"),
         F.coalesce(F.col("_cdc_inh"), F.create_map().cast("map<string,string>")).alias("inh"),
     )
-    applied = events.where(F.col("_cdc_label") == APPLY)
-    alone = (
-        applied.where(F.col("_cdc_key_events") == 1)
-        .select(*keys, ev.alias("_e"), F.lit(1).cast("bigint").alias("_cdc_events"), "_cdc_stored_live", "_cdc_stored_pos")
-        .withColumn("_f", F.expr(_ONE_EVENT.format(e="_e")))
-    )
-    grouped = (
-        applied.where(F.col("_cdc_key_events") > 1)
-        .groupBy(*keys)
-        .agg(
-            F.collect_list(ev).alias("evs"),
-            F.max("_cdc_stored_live").alias("_cdc_stored_live"),
-            F.max("_cdc_stored_pos").alias("_cdc_stored_pos"),
-            F.count(F.lit(1)).alias("_cdc_events"),
-        )
-        .withColumn("_f", F.expr(_ONE_OR_FOLD))
-    )
-    return _folded_columns(alone, keys).unionByName(_folded_columns(grouped, keys, several=True))
 
 
-def _folded_columns(df: DataFrame, keys: list[str], *, several: bool = False) -> DataFrame:
+def fold_per_key(per_key: DataFrame, key_cols: list[str], width: int = 0) -> DataFrame:
+    """Net effect per key of its events that apply (``label_against_target``'s
+    ``_cdc_evs``, in log order); the counts of its events carried along.
+
+    Output: key columns, ``_cdc_action`` ('upsert' | 'delete' when the
+    batch's last event is newer than the stored row; 'fill' when every event
+    is older, so only columns last set lower still change; NULL when none of
+    the key's events applies), ``_cdc_vals``
+    (present columns as canonical text), ``_cdc_cpos`` (the position that set
+    each of them, where it is not ``_cdc_pos``), ``_cdc_delpos`` (the batch's last delete of the key: the
+    columns not present were set NULL there; null when the batch has none,
+    so they keep the stored value), ``_cdc_pos``/``_cdc_op``/
+    ``_cdc_commit_ts``/``_cdc_tx_id`` of the last event, ``_cdc_events``
+    folded, ``_cdc_stored_live``, ``_cdc_stored_pos``; and the key's
+    events counted for ``accounting``: ``_cdc_key_events``, ``_k_dups``,
+    ``_k_conflicts``, ``_k_superseded``, ``_k_lo``/``_k_hi``, and
+    ``_k_partial_inserts``, inserts that apply carrying fewer than ``width`` columns.
+    """
+    keys = [quote(k) for k in key_cols]
+    partial_insert = "{e}.op = 'c' AND size({e}.after) < " + str(int(width))
+    folded = (
+        per_key.withColumn("_f", F.expr(_ONE_OR_FOLD))
+        .withColumn("_cdc_events", F.size("_cdc_evs").cast("bigint"))
+        .withColumn("_k_partial_inserts", F.expr(_count_where("_cdc_evs", partial_insert)))
+    )
+    return _folded_columns(folded, keys)
+
+
+_COUNTS = ("_cdc_key_events", "_k_dups", "_k_conflicts", "_k_superseded", "_k_lo", "_k_hi", "_k_partial_inserts")
+"""A key's events counted by ``collapse_per_key`` and ``label_against_target``, for ``accounting``."""
+
+
+def applied(net: DataFrame) -> DataFrame:
+    """The net changes to write: ``fold_per_key``'s keys with an event that applies."""
+    return net.where(F.col("_cdc_events") > 0)
+
+
+def _folded_columns(df: DataFrame, keys: list[str]) -> DataFrame:
     """The net change's columns out of the fold ``_f``.  ``_cdc_cpos`` keeps
     only the columns set at another position than ``_cdc_pos`` (the others
     were set by the change's own last event, ``batch_position``): a key with
     one event has none to keep, and the batch's cached net changes do not
-    carry each row's position once per column.  ``several``: ``_f`` folded
-    several events, its ``cpos`` names every column and is filtered here."""
+    carry each row's position once per column."""
     newer = F.col("_cdc_stored_pos").isNull() | (F.col("_f.pos") > F.col("_cdc_stored_pos"))
     tombstone = newer & F.col("_f.deleted")  # keeps the state just before its delete
     cpos = F.when(tombstone, F.col("_f.bcpos")).otherwise(F.col("_f.cpos"))
     return df.select(
         *keys,
-        F.when(~newer, F.lit("fill")).when(F.col("_f.deleted"), F.lit("delete")).otherwise(F.lit("upsert")).alias("_cdc_action"),
+        F.when(F.col("_cdc_events") == 0, F.lit(None).cast("string"))
+        .when(~newer, F.lit("fill"))
+        .when(F.col("_f.deleted"), F.lit("delete"))
+        .otherwise(F.lit("upsert"))
+        .alias("_cdc_action"),
         F.when(tombstone, F.col("_f.bvals")).otherwise(F.col("_f.vals")).alias("_cdc_vals"),
-        (F.map_filter(cpos, lambda _, v: v != F.col("_f.pos")) if several else cpos).alias("_cdc_cpos"),
+        # (the one-event fold's cpos is empty: no lambda for most keys)
+        F.when(F.size(cpos) > 0, F.map_filter(cpos, lambda _, v: v != F.col("_f.pos"))).otherwise(cpos).alias("_cdc_cpos"),
         F.when(tombstone, F.col("_f.bdelpos")).otherwise(F.col("_f.delpos")).alias("_cdc_delpos"),
         F.when(tombstone, F.col("_f.bcid")).otherwise(F.col("_f.cid")).alias("_cdc_cid"),
         F.when(tombstone, F.col("_f.binh")).otherwise(F.col("_f.inh")).alias("_cdc_inh"),
@@ -555,6 +618,7 @@ def _folded_columns(df: DataFrame, keys: list[str], *, several: bool = False) ->
         "_cdc_events",
         "_cdc_stored_live",
         "_cdc_stored_pos",
+        *_COUNTS,
     )
 
 
@@ -598,66 +662,53 @@ class Accounting(NamedTuple):
     """net changes of stored keys that win every column (``_replaces_stored_row``)"""
 
 
-def accounting(labelled: DataFrame, folded: DataFrame, key_cols: list[str], columns: list[str] | None = None) -> Accounting:
+def accounting(net: DataFrame, key_cols: list[str], columns: list[str] | None = None) -> Accounting:
     """Counts per bucket (every event is in exactly one), the batch's position
-    range and the events without a key value, in two Spark jobs.  With the
-    table's ``columns``, also ``partial_inserts``: inserts that leave
-    columns out and inherited nothing (the delete half of their primary-key
-    change is not in this batch), so those columns stay NULL; and
+    range and the events without a key value, in one Spark job over
+    ``fold_per_key``'s rows.  With the table's ``columns``, also
+    ``partial_inserts``: inserts that leave columns out and inherited
+    nothing (the delete half of their primary-key change is not in this
+    batch), so those columns stay NULL (``fold_per_key``'s ``width``); and
     ``partial_rows`` (tables.PARTIAL_ROWS_PROPERTY)."""
-    width = len(columns) if columns else 0
     data_cols = [c for c in columns or [] if c not in key_cols]
-    per_label = (
-        labelled.groupBy("_cdc_label")
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.min(META_POS).alias("lo"),
-            F.max(META_POS).alias("hi"),
-            F.count(F.when(null_key_filter(key_cols), 1)).alias("null_keys"),
-            F.count(F.when((F.col("_cdc_op") == "c") & (F.size("_cdc_after") < width), 1)).alias("partial_inserts"),
-        )
-        .collect()
-    )
-    by_label = {r["_cdc_label"]: r["n"] for r in per_label}
-    lows, highs = [r["lo"] for r in per_label if r["lo"] is not None], [r["hi"] for r in per_label if r["hi"] is not None]
-    null_keys = sum(r["null_keys"] for r in per_label)
-    stored = F.col("_cdc_stored_pos").isNotNull()
-    agg = folded.agg(
-        F.sum(F.when((F.col("_cdc_action") == "upsert") & ~F.col("_cdc_stored_live"), 1).otherwise(0)).alias("inserted"),
-        F.sum(F.when((F.col("_cdc_action") == "upsert") & F.col("_cdc_stored_live"), 1).otherwise(0)).alias("updated"),
-        F.sum(F.when((F.col("_cdc_action") == "delete") & F.col("_cdc_stored_live"), 1).otherwise(0)).alias("deleted"),
-        F.sum(F.when((F.col("_cdc_action") == "delete") & ~F.col("_cdc_stored_live"), 1).otherwise(0)).alias("noop_deletes"),
-        F.sum(F.when(F.col("_cdc_action") == "fill", 1).otherwise(0)).alias("filled"),
-        F.sum(F.col("_cdc_events") - 1).alias("compacted"),
-        F.count(F.lit(1)).alias("keys"),
-        F.count(F.when(F.col("_cdc_stored_pos").isNull(), 1)).alias("_new_keys"),
-        F.count(F.when(_writes_partial_row(data_cols), 1)).alias("_partial_rows"),
-        F.count(F.when(_replaces_stored_row(data_cols), 1)).alias("_whole_rows"),
+    written = F.col("_cdc_events") > 0
+    stored = written & F.col("_cdc_stored_pos").isNotNull()
+    action = F.col("_cdc_action")
+
+    def count(condition: Column, name: str) -> Column:
+        return F.count(F.when(condition, 1)).alias(name)
+
+    agg = net.agg(
+        *[F.sum(c).alias(c) for c in ("_cdc_key_events", "_cdc_events", "_k_dups", "_k_conflicts", "_k_superseded", "_k_partial_inserts")],
+        F.min("_k_lo").alias("lo"),
+        F.max("_k_hi").alias("hi"),
+        F.sum(F.when(null_key_filter(key_cols), F.col("_cdc_key_events"))).alias("null_keys"),
+        count((action == "upsert") & ~F.col("_cdc_stored_live"), "inserted"),
+        count((action == "upsert") & F.col("_cdc_stored_live"), "updated"),
+        count((action == "delete") & F.col("_cdc_stored_live"), "deleted"),
+        count((action == "delete") & ~F.col("_cdc_stored_live"), "noop_deletes"),
+        count(action == "fill", "filled"),
+        F.sum(F.when(written, F.col("_cdc_events") - 1)).alias("compacted"),
+        count(written, "keys"),
+        count(written & F.col("_cdc_stored_pos").isNull(), "_new_keys"),
+        count(written & _writes_partial_row(data_cols), "_partial_rows"),
+        count(written & _replaces_stored_row(data_cols), "_whole_rows"),
         *[F.min(F.when(stored, F.col(quote(k)))).alias(f"_lo{i}") for i, k in enumerate(key_cols)],
         *[F.max(F.when(stored, F.col(quote(k)))).alias(f"_hi{i}") for i, k in enumerate(key_cols)],
     ).collect()[0]
+    n = {k: int(agg[k] or 0) for k in agg.asDict() if not k.startswith(("_lo", "_hi")) and k not in ("lo", "hi")}
     key_ranges = {k: (agg[f"_lo{i}"], agg[f"_hi{i}"]) for i, k in enumerate(key_cols) if agg[f"_lo{i}"] is not None}
-    counts = {k: int(agg[k] or 0) for k in ("inserted", "updated", "deleted", "noop_deletes", "filled", "compacted", "keys")}
-    counts["duplicates"] = int(by_label.get(DUPLICATE, 0))
-    counts["conflicts"] = int(by_label.get(CONFLICT, 0))
+    counts = {k: n[k] for k in ("inserted", "updated", "deleted", "noop_deletes", "filled", "keys")}
+    counts["duplicates"], counts["conflicts"] = n["_k_dups"], n["_k_conflicts"]
     if columns:
-        counts["partial_inserts"] = sum(int(r["partial_inserts"]) for r in per_label if r["_cdc_label"] == APPLY)
+        counts["partial_inserts"] = n["_k_partial_inserts"]
     # folded-away events were superseded by a later event of their key in this batch
-    counts["superseded"] = int(by_label.get(SUPERSEDED, 0)) + counts.pop("compacted")
-    applied_events = int(by_label.get(APPLY, 0))
-    final = counts["inserted"] + counts["updated"] + counts["deleted"] + counts["noop_deletes"] + counts["filled"]
-    if not null_keys and applied_events != final + (counts["superseded"] - int(by_label.get(SUPERSEDED, 0))):
-        raise AssertionError(f"accounting does not add up: {applied_events} events vs {counts}")
-    return Accounting(
-        counts,
-        min(lows, default=None),
-        max(highs, default=None),
-        null_keys,
-        key_ranges,
-        int(agg["_new_keys"]),
-        int(agg["_partial_rows"]),
-        int(agg["_whole_rows"]),
-    )
+    counts["superseded"] = n["_k_superseded"] + n["compacted"]
+    final = sum(counts[k] for k in ("inserted", "updated", "deleted", "noop_deletes", "filled"))
+    buckets = counts["duplicates"] + counts["conflicts"] + counts["superseded"] + final
+    if not n["null_keys"] and (n["_cdc_events"] != final + n["compacted"] or n["_cdc_key_events"] != buckets):
+        raise AssertionError(f"accounting does not add up: {n['_cdc_key_events']} events, {n['_cdc_events']} applied, vs {counts}")
+    return Accounting(counts, agg["lo"], agg["hi"], n["null_keys"], key_ranges, n["_new_keys"], n["_partial_rows"], n["_whole_rows"])
 
 
 def _writes_partial_row(data_cols: list[str]) -> Column:

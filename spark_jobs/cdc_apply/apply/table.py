@@ -216,8 +216,8 @@ def _write(
     """Order, label and fold the row events; MERGE them onto a fresh audit
     branch with the ledger properties; reconcile.  ``log_write``: the change
     log's append, waited for before the MERGE (a failed one fails the table
-    before it is written).  Long because the labelled and folded frames are
-    persisted for exactly this span."""
+    before it is written).  Long because the net changes are persisted for
+    exactly this span."""
     spark, branch = work.spark, work.branch
     prepared = compact.prepare_events(rows, {k: spec.columns[k] for k in spec.key_columns})
     start_snapshot = branches.reset_branch(spark, spec, branch)
@@ -241,7 +241,6 @@ def _write(
             truncated_at=truncated_at,
         )
     prepared = moved.events
-    labelled = compact.label_duplicates(prepared, spec.key_columns)
     state = branches.read_branch(spark, spec, branch).select(
         *[compact.quote(k) for k in spec.key_columns], "_cdc_position", "_cdc_deleted", "_cdc_col_pos"
     )
@@ -253,28 +252,28 @@ def _write(
             base_live = branches.read_branch(spark, spec, branch).where("NOT _cdc_deleted").count()
     n_events = int(meta["n"])
     prune = n_events <= compact.BROADCAST_ROWS_MAX and n_events * PRUNE_STATE_MIN_RATIO <= base_live
-    labelled = compact.label_against_target(labelled, state, spec.key_columns, truncated_at, prune_state=prune).persist()
-    folded = compact.fold_per_key(labelled, spec.key_columns).persist()
+
+    def net_changes(events: DataFrame) -> DataFrame:
+        return compact.net_changes(events, state, spec.key_columns, truncated_at, width=len(spec.columns), prune=prune).persist()
+
+    net = net_changes(prepared)
     try:
         with _phase(spark, tr, "label"):
-            acc = compact.accounting(labelled, folded, spec.key_columns, list(spec.columns))
+            acc = compact.accounting(net, spec.key_columns, list(spec.columns))
         counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
         if acc.null_keys:  # rare: quarantine them, apply the rest (a missing key never blocks the source)
             keyless = _quarantine_keyless(work, spec, rows)
-            labelled.unpersist()
-            folded.unpersist()
+            net.unpersist()
             prepared = prepared.where(~compact.null_key_filter(spec.key_columns))
-            labelled = compact.label_against_target(
-                compact.label_duplicates(prepared, spec.key_columns), state, spec.key_columns, truncated_at, prune_state=prune
-            ).persist()
-            folded = compact.fold_per_key(labelled, spec.key_columns).persist()
-            acc = compact.accounting(labelled, folded, spec.key_columns, list(spec.columns))
+            net = net_changes(prepared)
+            acc = compact.accounting(net, spec.key_columns, list(spec.columns))
             counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
             counts["quarantined"] = keyless
             if keyless > work.source.quarantine_max_share * n_events:
                 tr.failed_expectations.append(
                     f"null_key_share(max={work.source.quarantine_max_share}, got={keyless / n_events:.4f}, events={keyless})"
                 )
+        folded = compact.applied(net)
         counts["truncates"] = int(truncs["n"])
         with _phase(spark, tr, "key_changes"):
             counts["key_changes_inherited"] = moved.pairs.count()
@@ -286,7 +285,9 @@ def _write(
                 counts["partial_inserts"],
             )
         if counts["conflicts"]:
-            tr.failed_expectations.append(_conflict_check(labelled, spec.key_columns, counts["conflicts"]))
+            tr.failed_expectations.append(
+                _conflict_check(compact.label_duplicates(prepared, spec.key_columns), spec.key_columns, counts["conflicts"])
+            )
         tr.counts = counts
         if truncs["p"] and (tr.position_max is None or truncs["p"] > tr.position_max):
             tr.position_max = truncs["p"]
@@ -339,8 +340,7 @@ def _write(
             _keep_live_rows(spark, spec, tr.branch_snapshot, live_after)
         tr.status = Status.WRITTEN
     finally:
-        labelled.unpersist()
-        folded.unpersist()
+        net.unpersist()
         moved.release()
 
 

@@ -35,8 +35,8 @@ from pyspark.sql.window import Window
 
 META_POS = "_cdc_pos"
 
-# Labels given to each event.
-APPLY, DUPLICATE, SUPERSEDED, CONFLICT = "apply", "duplicate", "superseded", "conflict"
+# Labels label_duplicates gives each event (superseded is told per key, against the table: label_against_target).
+APPLY, DUPLICATE, CONFLICT = "apply", "duplicate", "conflict"
 MAX_KEY_CHANGE_CHAIN = 32
 """Key changes of one key chained within a batch (1 -> 2 -> 3 ...) that the
 inheritance follows; an insert further down a longer chain keeps what it
@@ -232,7 +232,7 @@ def label_against_target(
     return (
         per_key.join(state, on=key_cols, how="left")
         .withColumn("_k_batch_apply", F.size("_cdc_evs"))
-        .withColumn("_k_at_stored", F.expr(_count_where("_cdc_evs", at_stored)))
+        .withColumn("_k_at_stored", F.size(F.expr(_keep_where("_cdc_evs", at_stored))))
         .withColumn("_cdc_evs", F.expr(_keep_where("_cdc_evs", applies)))
         .withColumn("_k_dups", F.col("_k_dups") + F.col("_k_at_stored"))
         .withColumn("_k_superseded", F.col("_k_batch_apply") - F.size("_cdc_evs") - F.col("_k_at_stored"))
@@ -241,16 +241,10 @@ def label_against_target(
     )
 
 
-def _count_where(events: str, condition: str) -> str:
-    """SQL: how many of the ``events`` array's meet ``condition`` (over
+def _keep_where(events: str, condition: str) -> str:
+    """SQL: the ``events`` array's elements that meet ``condition`` (over
     ``{e}``).  A one-event array, most keys' of a batch, is tested by a
     plain expression: a lambda is evaluated row by row, without generated code."""
-    one = condition.format(e=f"{events}[0]")
-    return f"CASE WHEN size({events}) = 1 THEN IF({one}, 1, 0) ELSE size(filter({events}, e -> {condition.format(e='e')})) END"
-
-
-def _keep_where(events: str, condition: str) -> str:
-    """SQL: the ``events`` array's elements that meet ``condition`` (``_count_where``'s short cut)."""
     one = condition.format(e=f"{events}[0]")
     return f"CASE WHEN size({events}) = 1 THEN IF({one}, {events}, slice({events}, 1, 0)) ELSE filter({events}, e -> {condition.format(e='e')}) END"
 
@@ -574,7 +568,7 @@ def fold_per_key(per_key: DataFrame, key_cols: list[str], width: int = 0) -> Dat
     folded = (
         per_key.withColumn("_f", F.expr(_ONE_OR_FOLD))
         .withColumn("_cdc_events", F.size("_cdc_evs").cast("bigint"))
-        .withColumn("_k_partial_inserts", F.expr(_count_where("_cdc_evs", partial_insert)))
+        .withColumn("_k_partial_inserts", F.size(F.expr(_keep_where("_cdc_evs", partial_insert))))
     )
     return _folded_columns(folded, keys)
 

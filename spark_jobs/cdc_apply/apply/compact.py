@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
+
+from cdc_apply.runtime import session
 
 META_POS = "_cdc_pos"
 
@@ -664,6 +666,34 @@ def accounting(net: DataFrame, key_cols: list[str], columns: list[str] | None = 
     nothing (the delete half of their primary-key change is not in this
     batch), so those columns stay NULL (``fold_per_key``'s ``width``); and
     ``partial_rows`` (tables.PARTIAL_ROWS_PROPERTY)."""
+    return _accounting_of(net.agg(*_accounting_columns(key_cols, columns)).collect()[0].asDict(), key_cols, columns)
+
+
+def cache_counted(net: DataFrame, key_cols: list[str], columns: list[str] | None = None) -> tuple[DataFrame, Accounting]:
+    """The net changes cached, and their ``accounting``.  On a classic
+    session the counts are gathered by the job that builds the cache
+    (``DataFrame.observe``), so no job reads the cache only to count it, and
+    the per-key counts (``_COUNTS``) stay out of it.  The job is a ``noop``
+    write: the counts are then taken in its result stage, where Spark applies
+    each task's update once (a retried task's too).  On Spark Connect the
+    counts keep a job of their own: PySpark 4.1's Connect client refuses a
+    join of two frames that descend from one observed frame (SPARK-56322),
+    which the reconciliation makes."""
+    if session.is_remote(net.sparkSession):
+        cached = net.persist()
+        return cached, accounting(cached, key_cols, columns)
+    observation = session.classic_observation()
+    cached = net.observe(observation, *_accounting_columns(key_cols, columns)).drop(*_COUNTS).persist()
+    try:
+        cached.write.format("noop").mode("overwrite").save()
+        return cached, _accounting_of(observation.get, key_cols, columns)
+    except BaseException:
+        cached.unpersist()
+        raise
+
+
+def _accounting_columns(key_cols: list[str], columns: list[str] | None) -> list[Column]:
+    """``accounting``'s aggregates over ``fold_per_key``'s rows."""
     data_cols = [c for c in columns or [] if c not in key_cols]
     written = F.col("_cdc_events") > 0
     stored = written & F.col("_cdc_stored_pos").isNotNull()
@@ -672,7 +702,7 @@ def accounting(net: DataFrame, key_cols: list[str], columns: list[str] | None = 
     def count(condition: Column, name: str) -> Column:
         return F.count(F.when(condition, 1)).alias(name)
 
-    agg = net.agg(
+    return [
         *[F.sum(c).alias(c) for c in ("_cdc_key_events", "_cdc_events", "_k_dups", "_k_conflicts", "_k_superseded", "_k_partial_inserts")],
         F.min("_k_lo").alias("lo"),
         F.max("_k_hi").alias("hi"),
@@ -689,8 +719,13 @@ def accounting(net: DataFrame, key_cols: list[str], columns: list[str] | None = 
         count(written & _replaces_stored_row(data_cols), "_whole_rows"),
         *[F.min(F.when(stored, F.col(quote(k)))).alias(f"_lo{i}") for i, k in enumerate(key_cols)],
         *[F.max(F.when(stored, F.col(quote(k)))).alias(f"_hi{i}") for i, k in enumerate(key_cols)],
-    ).collect()[0]
-    n = {k: int(agg[k] or 0) for k in agg.asDict() if not k.startswith(("_lo", "_hi")) and k not in ("lo", "hi")}
+    ]
+
+
+def _accounting_of(agg: dict[str, Any], key_cols: list[str], columns: list[str] | None) -> Accounting:
+    """``Accounting`` from ``_accounting_columns``' values; raises when the
+    buckets do not add up to the events."""
+    n = {k: int(agg[k] or 0) for k in agg if not k.startswith(("_lo", "_hi")) and k not in ("lo", "hi")}
     key_ranges = {k: (agg[f"_lo{i}"], agg[f"_hi{i}"]) for i, k in enumerate(key_cols) if agg[f"_lo{i}"] is not None}
     counts = {k: n[k] for k in ("inserted", "updated", "deleted", "noop_deletes", "filled", "keys")}
     counts["duplicates"], counts["conflicts"] = n["_k_dups"], n["_k_conflicts"]

@@ -253,20 +253,20 @@ def _write(
     n_events = int(meta["n"])
     prune = n_events <= compact.BROADCAST_ROWS_MAX and n_events * PRUNE_STATE_MIN_RATIO <= base_live
 
-    def net_changes(events: DataFrame) -> DataFrame:
-        return compact.net_changes(events, state, spec.key_columns, truncated_at, width=len(spec.columns), prune=prune).persist()
-
-    net = net_changes(prepared)
-    try:
+    def net_changes(events: DataFrame) -> tuple[DataFrame, compact.Accounting]:
+        """The batch's net changes, cached and counted (one Spark job)."""
         with _phase(spark, tr, "label"):
-            acc = compact.accounting(net, spec.key_columns, list(spec.columns))
+            net = compact.net_changes(events, state, spec.key_columns, truncated_at, width=len(spec.columns), prune=prune)
+            return compact.cache_counted(net, spec.key_columns, list(spec.columns))
+
+    net, acc = net_changes(prepared)
+    try:
         counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
         if acc.null_keys:  # rare: quarantine them, apply the rest (a missing key never blocks the source)
             keyless = _quarantine_keyless(work, spec, rows)
             net.unpersist()
             prepared = prepared.where(~compact.null_key_filter(spec.key_columns))
-            net = net_changes(prepared)
-            acc = compact.accounting(net, spec.key_columns, list(spec.columns))
+            net, acc = net_changes(prepared)
             counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
             counts["quarantined"] = keyless
             if keyless > work.source.quarantine_max_share * n_events:

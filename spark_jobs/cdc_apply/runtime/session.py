@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Observation, SparkSession
 
 from cdc_apply.config import Settings
 from cdc_apply.runtime.code_zip import build_code_zip
@@ -91,6 +91,16 @@ JOB_DESCRIPTION = "spark.job.description"
 def is_remote(spark: SparkSession) -> bool:
     """A Spark Connect session (no SparkContext, no JVM in this process)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def classic_observation() -> Observation:
+    """An ``Observation`` (randomly named) for a classic session's frames.
+    ``Observation()`` returns Spark Connect's class once this process has
+    made a Connect session (PySpark tells by process-wide state), and a
+    classic frame refuses that one."""
+    observation = object.__new__(Observation)
+    observation.__init__()  # type: ignore[misc]
+    return observation
 
 
 @contextlib.contextmanager

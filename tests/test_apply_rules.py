@@ -441,6 +441,72 @@ def test_the_one_event_short_cut_folds_as_the_general_fold(spark, monkeypatch):
     assert 6 not in short and 8 not in short
 
 
+def test_the_accounting_is_gathered_by_the_job_that_caches_the_net_changes(spark):
+    """``cache_counted`` counts in the job that builds the cache (an observed
+    noop write): the same ``Accounting`` as a job of its own over the same
+    rows, no more Spark jobs than caching alone, and the per-key counts
+    left out of the cache."""
+    from cdc_apply.apply import compact
+
+    rows = [  # key, pos, line, op, after
+        (1, "p05", 1, "u", {"id": "1", "a": "x"}),
+        (1, "p06", 2, "u", {"id": "1", "b": "y"}),
+        (1, "p06", 3, "u", {"id": "1", "b": "y"}),  # a re-delivery
+        (2, "p01", 4, "u", {"id": "2", "a": "old"}),  # older than the stored row
+        (3, "p07", 5, "d", None),
+        (4, "p08", 6, "c", {"id": "4", "a": "new"}),
+        (5, "p09", 7, "u", {"id": "5", "a": "p"}),
+        (5, "p09", 8, "u", {"id": "5", "a": "q"}),  # a conflict
+    ]
+    events = spark.createDataFrame(
+        [(k, p, "f", ln, op, after, None, "tx", f"{p}|{k}", None) for k, p, ln, op, after in rows],
+        "id bigint, _cdc_pos string, _cdc_file string, _cdc_line bigint, _cdc_op string, _cdc_after map<string,string>, "
+        "_cdc_commit_ts timestamp, _cdc_tx_id string, _cdc_change_id string, _cdc_inh map<string,string>",
+    )
+    state = spark.createDataFrame(
+        [(1, "p00", False, {}), (2, "p03", False, {}), (3, "p02", False, {}), (5, "p00", True, {})],
+        "id bigint, _cdc_position string, _cdc_deleted boolean, _cdc_col_pos map<string,string>",
+    )
+    net = compact.net_changes(events, state, ["id"], None, width=3)
+    alone = compact.accounting(net, ["id"], ["id", "a", "b"])
+    sc = spark.sparkContext
+
+    def jobs_of(group: str, action):
+        sc.setJobGroup(group, group)
+        try:
+            return action(), sc.statusTracker().getJobIdsForGroup(group)
+        finally:
+            for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+                sc.setLocalProperty(key, None)  # type: ignore[arg-type]
+
+    plain = net.persist()
+    _, writing = jobs_of("cache_alone", lambda: plain.write.format("noop").mode("overwrite").save())
+    plain.unpersist()
+    (cached, counted), caching = jobs_of("cache_counted", lambda: compact.cache_counted(net, ["id"], ["id", "a", "b"]))
+    try:
+        assert counted == alone
+        assert counted.counts["duplicates"] == 1 and counted.counts["conflicts"] == 2 and counted.counts["superseded"] == 2
+        assert len(caching) == len(writing), (caching, writing)  # as many as caching alone: none for the counts
+        assert cached.is_cached and not set(compact._COUNTS) & set(cached.columns)
+        assert sorted(r["id"] for r in compact.applied(cached).collect()) == [1, 3, 4]
+    finally:
+        cached.unpersist()
+
+
+def test_a_classic_observation_after_pyspark_took_the_process_for_a_connect_one(monkeypatch):
+    """PySpark's ``Observation()`` returns Spark Connect's class once the
+    process has made a Connect session (process-wide state); the accounting
+    observes a classic session's frames with ``session.classic_observation``."""
+    from pyspark.sql import Observation
+    from pyspark.sql.connect.observation import Observation as ConnectObservation
+
+    from cdc_apply.runtime import session
+
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    assert isinstance(Observation(), ConnectObservation)
+    assert type(session.classic_observation()) is Observation
+
+
 def test_label_duplicates_counts_each_keys_events(spark):
     from cdc_apply.apply import compact
 

@@ -679,15 +679,17 @@ def cache_counted(net: DataFrame, key_cols: list[str], columns: list[str] | None
     counts keep a job of their own: PySpark 4.1's Connect client refuses a
     join of two frames that descend from one observed frame (SPARK-56322),
     which the reconciliation makes."""
-    if session.is_remote(net.sparkSession):
+    observation = None if session.is_remote(net.sparkSession) else session.classic_observation()
+    if observation is None:
         cached = net.persist()
-        return cached, accounting(cached, key_cols, columns)
-    observation = session.classic_observation()
-    cached = net.observe(observation, *_accounting_columns(key_cols, columns)).drop(*_COUNTS).persist()
+    else:
+        cached = net.observe(observation, *_accounting_columns(key_cols, columns)).drop(*_COUNTS).persist()
     try:
+        if observation is None:
+            return cached, accounting(cached, key_cols, columns)
         cached.write.format("noop").mode("overwrite").save()
         return cached, _accounting_of(observation.get, key_cols, columns)
-    except BaseException:
+    except BaseException:  # the caller gets no frame to release
         cached.unpersist()
         raise
 

@@ -254,7 +254,7 @@ def _write(
     prune = n_events <= compact.BROADCAST_ROWS_MAX and n_events * PRUNE_STATE_MIN_RATIO <= base_live
 
     def net_changes(events: DataFrame) -> tuple[DataFrame, compact.Accounting]:
-        """The batch's net changes, cached and counted (one Spark job)."""
+        """The batch's net changes, cached and counted (``compact.cache_counted``)."""
         with _phase(spark, tr, "label"):
             net = compact.net_changes(events, state, spec.key_columns, truncated_at, width=len(spec.columns), prune=prune)
             return compact.cache_counted(net, spec.key_columns, list(spec.columns))

@@ -8,6 +8,9 @@ import dataclasses
 import itertools
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from tests.apply_harness import apply_events, event, live_rows
 from tests.reference_model import apply_model
@@ -1070,3 +1073,36 @@ def test_spark_size_texts_are_read_as_spark_reads_them(text, size):
     from cdc_apply.runtime.spark_conf import byte_size
 
     assert byte_size(text) == size
+
+
+_COLS = ("a", "b", "c")
+_POSITIONS = st.sampled_from(["0003", "0005", "0007"])
+
+
+@st.composite
+def _net_change(draw):
+    """A net change as ``merge.new_col_pos`` reads it: the columns it carries,
+    where each was set when not by its last event, its last delete."""
+    present = draw(st.lists(st.sampled_from(_COLS), unique=True))
+    cpos = {c: draw(_POSITIONS) for c in draw(st.lists(st.sampled_from(present), unique=True))} if present else {}
+    return {"present": present, "cpos": cpos, "delpos": draw(st.none() | _POSITIONS), "pos": draw(_POSITIONS)}
+
+
+@hyp_settings(max_examples=15, deadline=None)
+@given(changes=st.lists(_net_change(), min_size=1, max_size=12))
+def test_a_new_rows_column_positions_follow_the_rule_with_or_without_the_shortcut(spark, changes):
+    """``new_col_pos`` (a new row's ``_cdc_col_pos``) against the rule read
+    row by row in Python: each data column's position is where it was set
+    (``_cdc_cpos``, else the change's own position when carried, else the
+    key's last delete, else never set), kept only below the row's position.
+    The changes that carry every column set by their last event take the
+    shortcut (an empty map without building one); the rest build the map."""
+    from cdc_apply.apply import merge
+    from cdc_apply.apply.compact import NEVER_SET
+
+    rows = [(i, ch["present"], ch["cpos"], ch["delpos"], ch["pos"]) for i, ch in enumerate(changes)]
+    df = spark.createDataFrame(rows, "i int, _cdc_present array<string>, _cdc_cpos map<string,string>, _cdc_delpos string, _cdc_pos string")
+    got = {r["i"]: r["m"] for r in df.selectExpr("i", f"{merge.new_col_pos(list(_COLS), '')} AS m").collect()}
+    for i, ch in enumerate(changes):
+        set_at = {c: (ch["cpos"].get(c, ch["pos"]) if c in ch["present"] else ch["delpos"]) or NEVER_SET for c in _COLS}
+        assert got[i] == {c: p for c, p in set_at.items() if p < ch["pos"]}, ch

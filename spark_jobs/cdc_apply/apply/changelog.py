@@ -71,7 +71,7 @@ def change_rows(events: DataFrame, batch_id: str, key_columns: list[str]) -> Dat
         key.alias("key"),
         "after",
         "before",
-        F.array_sort(F.map_keys("after")).alias("present"),
+        F.sort_array(F.map_keys("after")).alias("present"),  # generated code; array_sort's comparator is a lambda
         "position",
         "tx_id",
         "commit_ts",

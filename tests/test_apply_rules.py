@@ -635,6 +635,25 @@ def test_late_full_event_fills_what_a_partial_update_left_out(spark, settings, n
     check_model(spark, settings, ns, [later, earlier])
 
 
+def test_a_stored_row_keeps_the_position_of_a_column_an_earlier_event_of_the_batch_set(spark, settings, ns):
+    """A batch that updates a stored row twice, the last time without one
+    column: the column keeps the first update's position in
+    ``_cdc_col_pos``, below the row's, so a late event between the two
+    still sets it (the MERGE's shortcut for changes newer than the stored
+    row, ``merge.merge_sql``, must not take this change)."""
+    b1 = [event("c", 1, {"name": "a", "amount": "1.00"}, pos=5), event("c", 2, {"name": "z", "amount": "1.00"}, pos=6)]
+    apply_events(spark, settings, ns, b1)
+    # key 2's delete keeps its stored values in the tombstone: the MERGE is not whole_rows
+    b2 = [event("u", 1, {"name": "b", "amount": "2.00"}, pos=10), event("u", 1, {"amount": "3.00"}, pos=20), event("d", 2, pos=21)]
+    assert apply_events(spark, settings, ns, b2).status == "complete"
+    pos = spark.sql(f"SELECT _cdc_position, _cdc_col_pos FROM {settings.catalog_name}.{ns}.items WHERE id = 1").collect()[0]
+    assert pos[0] == f"{20:020d}" and pos[1] == {"name": f"{10:020d}"}
+    b3 = [event("u", 1, {"name": "late", "amount": "9.00"}, pos=15, file="/virtual/late")]
+    assert apply_events(spark, settings, ns, b3).status == "complete"
+    assert rows(spark, settings, ns) == {"1": ("late", "3.00")}
+    check_model(spark, settings, ns, [b1, b2, b3])
+
+
 def test_late_delete_nulls_only_what_it_precedes(spark, settings, ns):
     b1 = [event("c", 1, {"name": "a", "amount": "1.00"}, pos=10), event("u", 1, {"amount": "3.00"}, pos=30)]
     b2 = [event("d", 1, pos=20, file="/virtual/late")]

@@ -238,6 +238,9 @@ def merge_sql(
     matched_pos = ", ".join(f"{sql_string(c)}, CASE WHEN {wins(c)} THEN {batch_pos(c)} ELSE {stored_pos(c)} END" for c in data_cols)
     empty = "cast(map() AS map<string,string>)"
     col_pos_matched = f"map_filter(map({matched_pos}), (k, v) -> v < {row_pos})" if data_cols else empty
+    if data_cols:  # the map_filter's shortcut (new_col_pos): a newer change that sets every column by its last event wins them all
+        carries_all = " AND ".join(f"array_contains(s._cdc_present, {sql_string(c)})" for c in data_cols)
+        col_pos_matched = f"CASE WHEN {newer} AND size(s._cdc_cpos) = 0 AND {carries_all} THEN {empty} ELSE {col_pos_matched} END"
     sets = [f"{quote(c)} = CASE WHEN {wins(c)} THEN s.{quote(c)} ELSE {stored_val(c)} END" for c in data_cols]
     if whole_rows:  # wins(c) for every c, and newer: the same values without reading the stored ones
         if not matched_only:

@@ -179,9 +179,15 @@ def new_col_pos(data_cols: list[str], s: str) -> str:
     if not data_cols:
         return empty
     new_pos = ", ".join(f"{sql_string(c)}, coalesce({batch_position(c, s)}, '{NEVER_SET}')" for c in data_cols)
-    every_column = " AND ".join(f"array_contains({s}_cdc_present, {sql_string(c)})" for c in data_cols)
     filtered = f"map_filter(map({new_pos}), (k, v) -> v < {s}{META_POS})"
-    return f"CASE WHEN size({s}_cdc_cpos) = 0 AND {every_column} THEN {empty} ELSE {filtered} END"
+    return f"CASE WHEN {sets_every_column(data_cols, s)} THEN {empty} ELSE {filtered} END"
+
+
+def sets_every_column(data_cols: list[str], s: str) -> str:
+    """SQL: the net change (alias prefix ``s``) carries every data column and
+    each was set by its last event (no ``_cdc_cpos`` entry)."""
+    carried = " AND ".join(f"array_contains({s}_cdc_present, {sql_string(c)})" for c in data_cols)
+    return f"size({s}_cdc_cpos) = 0 AND {carried}"
 
 
 def merge_sql(
@@ -239,8 +245,7 @@ def merge_sql(
     empty = "cast(map() AS map<string,string>)"
     col_pos_matched = f"map_filter(map({matched_pos}), (k, v) -> v < {row_pos})" if data_cols else empty
     if data_cols:  # the map_filter's shortcut (new_col_pos): a newer change that sets every column by its last event wins them all
-        carries_all = " AND ".join(f"array_contains(s._cdc_present, {sql_string(c)})" for c in data_cols)
-        col_pos_matched = f"CASE WHEN {newer} AND size(s._cdc_cpos) = 0 AND {carries_all} THEN {empty} ELSE {col_pos_matched} END"
+        col_pos_matched = f"CASE WHEN {newer} AND {sets_every_column(data_cols, 's.')} THEN {empty} ELSE {col_pos_matched} END"
     sets = [f"{quote(c)} = CASE WHEN {wins(c)} THEN s.{quote(c)} ELSE {stored_val(c)} END" for c in data_cols]
     if whole_rows:  # wins(c) for every c, and newer: the same values without reading the stored ones
         if not matched_only:

@@ -1119,8 +1119,8 @@ def test_a_new_rows_column_positions_follow_the_rule_with_or_without_the_shortcu
     from cdc_apply.apply import merge
     from cdc_apply.apply.compact import NEVER_SET
 
-    rows = [(i, ch["present"], ch["cpos"], ch["delpos"], ch["pos"]) for i, ch in enumerate(changes)]
-    df = spark.createDataFrame(rows, "i int, _cdc_present array<string>, _cdc_cpos map<string,string>, _cdc_delpos string, _cdc_pos string")
+    data = [(i, ch["present"], ch["cpos"], ch["delpos"], ch["pos"]) for i, ch in enumerate(changes)]
+    df = spark.createDataFrame(data, "i int, _cdc_present array<string>, _cdc_cpos map<string,string>, _cdc_delpos string, _cdc_pos string")
     got = {r["i"]: r["m"] for r in df.selectExpr("i", f"{merge.new_col_pos(list(_COLS), '')} AS m").collect()}
     for i, ch in enumerate(changes):
         set_at = {c: (ch["cpos"].get(c, ch["pos"]) if c in ch["present"] else ch["delpos"]) or NEVER_SET for c in _COLS}

@@ -17,6 +17,9 @@ from cdc_apply.apply.branches import branch_ref, read_branch
 from cdc_apply.apply.compact import MAX_KEY_CHANGE_CHAIN, META_POS, NEVER_SET, batch_position, quote, sql_string
 from cdc_apply.apply.tables import INT_TYPES, TableSpec
 
+EMPTY_MAP = "cast(map() AS map<string,string>)"
+"""SQL: an empty ``map<string,string>`` (``_cdc_col_pos``, ``_cdc_inherited``)."""
+
 
 def apply_truncate(spark: SparkSession, spec: TableSpec, branch: str, truncated_at: str) -> None:
     """Rows older than the truncate disappear; the watermark (in the ledger)
@@ -175,12 +178,11 @@ def new_col_pos(data_cols: list[str], s: str) -> str:
     and the map it filters are evaluated row by row without generated code,
     and were ~8 % of the JVM's time in a 1M-event batch (bench/README, issue
     20 step 26)."""
-    empty = "cast(map() AS map<string,string>)"
     if not data_cols:
-        return empty
+        return EMPTY_MAP
     new_pos = ", ".join(f"{sql_string(c)}, coalesce({batch_position(c, s)}, '{NEVER_SET}')" for c in data_cols)
     filtered = f"map_filter(map({new_pos}), (k, v) -> v < {s}{META_POS})"
-    return f"CASE WHEN {sets_every_column(data_cols, s)} THEN {empty} ELSE {filtered} END"
+    return f"CASE WHEN {sets_every_column(data_cols, s)} THEN {EMPTY_MAP} ELSE {filtered} END"
 
 
 def sets_every_column(data_cols: list[str], s: str) -> str:
@@ -242,10 +244,10 @@ def merge_sql(
 
     row_pos = f"greatest(s.{META_POS}, t._cdc_position)"
     matched_pos = ", ".join(f"{sql_string(c)}, CASE WHEN {wins(c)} THEN {batch_pos(c)} ELSE {stored_pos(c)} END" for c in data_cols)
-    empty = "cast(map() AS map<string,string>)"
-    col_pos_matched = f"map_filter(map({matched_pos}), (k, v) -> v < {row_pos})" if data_cols else empty
+    col_pos_matched = EMPTY_MAP
     if data_cols:  # the map_filter's shortcut (new_col_pos): a newer change that sets every column by its last event wins them all
-        col_pos_matched = f"CASE WHEN {newer} AND {sets_every_column(data_cols, 's.')} THEN {empty} ELSE {col_pos_matched} END"
+        filtered = f"map_filter(map({matched_pos}), (k, v) -> v < {row_pos})"
+        col_pos_matched = f"CASE WHEN {newer} AND {sets_every_column(data_cols, 's.')} THEN {EMPTY_MAP} ELSE {filtered} END"
     sets = [f"{quote(c)} = CASE WHEN {wins(c)} THEN s.{quote(c)} ELSE {stored_val(c)} END" for c in data_cols]
     if whole_rows:  # wins(c) for every c, and newer: the same values without reading the stored ones
         if not matched_only:
@@ -264,7 +266,7 @@ def merge_sql(
         f"_cdc_tx_id = CASE WHEN {newer} THEN s._cdc_tx_id ELSE t._cdc_tx_id END",
         f"_cdc_deleted = CASE WHEN {newer} THEN s._cdc_action = 'delete' ELSE t._cdc_deleted END",
         f"_cdc_change_id = CASE WHEN {goes_on} THEN coalesce(t._cdc_change_id, s._cdc_cid) ELSE s._cdc_cid END",
-        f"_cdc_inherited = CASE WHEN {goes_on} THEN map_concat(coalesce(t._cdc_inherited, {empty}), s._cdc_inh) ELSE s._cdc_inh END",
+        f"_cdc_inherited = CASE WHEN {goes_on} THEN map_concat(coalesce(t._cdc_inherited, {EMPTY_MAP}), s._cdc_inh) ELSE s._cdc_inh END",
         f"_cdc_deleted_by = CASE WHEN NOT {newer} THEN t._cdc_deleted_by WHEN s._cdc_action = 'delete' THEN s._cdc_endcid END",
         f"_cdc_position = {row_pos}",
         f"_cdc_batch_id = {batch}",

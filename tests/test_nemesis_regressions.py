@@ -48,6 +48,29 @@ def test_two_runs_recording_one_batchs_quarantine_at_once_never_double_it(spark,
     assert spark.sql(f"SELECT count(*) FROM {target} WHERE batch_id = 'qrace_0'").collect()[0][0] == 5
 
 
+def test_a_run_that_loses_the_race_to_create_the_audit_namespace_goes_on(settings, monkeypatch):
+    """Found by the race of two applies of one batch at once (CI, stagger 0):
+    pyiceberg's SQL catalog checks for the namespace and then inserts it, so
+    the run that checked before the other's insert failed on the catalog's
+    unique key.  Here the check is made to answer "absent" once, after the
+    namespace exists, which is that interleaving without the timing."""
+    from cdc_apply import ledger
+
+    ledger.Ledger(settings).ensure_audit_tables()  # the winner
+    loser = ledger.Ledger(settings)
+    catalog = loser.catalog
+    real_exists = catalog.namespace_exists
+    canned = [False]  # the loser's own check ran before the winner's insert
+
+    def exists(namespace):
+        return canned.pop() if canned else real_exists(namespace)
+
+    monkeypatch.setattr(catalog, "namespace_exists", exists)
+    loser.ensure_audit_tables()
+    assert not canned, "the race was not reproduced: the check was never asked"
+    assert catalog.table_exists(loser.batches_table) and catalog.table_exists(loser.quarantine_table)
+
+
 def _skip_race_source(tmp_path, monkeypatch, name: str):
     from cdc_apply.archive.listing import list_files
     from tests.test_probe_apply import _file, _msg, _sources

@@ -459,9 +459,21 @@ class Ledger:
 
     def ensure_audit_tables(self) -> None:
         batches, quarantine = _arrow_schemas()
-        self.catalog.create_namespace_if_not_exists(self.settings.audit_namespace)
+        self._ensure_audit_namespace()
         self.catalog.create_table_if_not_exists(self.batches_table, schema=batches, properties={"format-version": "2"})
         self.catalog.create_table_if_not_exists(self.quarantine_table, schema=quarantine, properties={"format-version": "2"})
+
+    def _ensure_audit_namespace(self) -> None:
+        """Create the audit namespace, safe against a concurrent run: the SQL
+        catalog checks and then inserts, so the run that lost the race fails on
+        the catalog's unique key (SQLAlchemy's ``IntegrityError``, not pyiceberg's
+        already-exists).  A namespace that exists afterwards is what was asked for."""
+        namespace = self.settings.audit_namespace
+        try:
+            self.catalog.create_namespace_if_not_exists(namespace)
+        except Exception:
+            if not self.catalog.namespace_exists(namespace):
+                raise
 
     def record_batch(self, result: BatchResult) -> None:
         """One ledger row per table attempt, plus the batch row (``table_name='*'``):

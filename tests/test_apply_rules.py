@@ -251,7 +251,7 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
 
     spec = tables.TableSpec(identifier=ident, short=f"{ns}.items", key_columns=["id"], columns=COLS)
     spark.sql(  # one net change, shaped as compact.merge_source
-        "SELECT CAST(id AS int) AS id, 'x' AS name, CAST(1 AS decimal(10,2)) AS amount, array('amount') AS _cdc_absent, 'upsert' AS _cdc_action, "
+        "SELECT CAST(id AS int) AS id, 'x' AS name, CAST(1 AS decimal(10,2)) AS amount, array('name') AS _cdc_present, 'upsert' AS _cdc_action, "
         "map('name', '9') AS _cdc_cpos, CAST(NULL AS string) AS _cdc_delpos, '9' AS _cdc_pos, 'u' AS _cdc_op, current_timestamp() AS _cdc_commit_ts, CAST(NULL AS string) AS _cdc_tx_id, "
         "'9' AS _cdc_cid, cast(map() AS map<string,string>) AS _cdc_inh, CAST(NULL AS string) AS _cdc_endcid FROM range(102, 103)"
     ).createOrReplaceTempView("_probe")
@@ -291,7 +291,7 @@ def test_a_batch_whose_changes_win_every_column_merges_without_reading_the_store
     ident = f"{settings.catalog_name}.{ns}.items"
     spec = tables.TableSpec(identifier=ident, short=f"{ns}.items", key_columns=["id"], columns=COLS)
     spark.sql(  # a net change of key 1 labelled against a stored row that is not the stored one now
-        "SELECT 1 AS id, 'x' AS name, CAST(9 AS decimal(10,2)) AS amount, cast(array() AS array<string>) AS _cdc_absent, 'upsert' AS _cdc_action, "
+        "SELECT 1 AS id, 'x' AS name, CAST(9 AS decimal(10,2)) AS amount, array('name', 'amount') AS _cdc_present, 'upsert' AS _cdc_action, "
         f"map('name', '{99:020d}', 'amount', '{99:020d}') AS _cdc_cpos, CAST(NULL AS string) AS _cdc_delpos, '{99:020d}' AS _cdc_pos, "
         "'u' AS _cdc_op, current_timestamp() AS _cdc_commit_ts, CAST(NULL AS string) AS _cdc_tx_id, '99' AS _cdc_cid, "
         f"cast(map() AS map<string,string>) AS _cdc_inh, CAST(NULL AS string) AS _cdc_endcid, '{10:020d}' AS _cdc_stored_pos"
@@ -470,9 +470,8 @@ def test_the_accounting_is_gathered_by_the_job_that_caches_the_net_changes(spark
         [(1, "p00", False, {}), (2, "p03", False, {}), (3, "p02", False, {}), (5, "p00", True, {})],
         "id bigint, _cdc_position string, _cdc_deleted boolean, _cdc_col_pos map<string,string>",
     )
-    columns = {"id": "bigint", "a": "string", "b": "string"}
-    net = compact.typed_changes(compact.net_changes(events, state, ["id"], None, width=3), ["id"], columns)
-    alone = compact.accounting(net, ["id"], list(columns))
+    net = compact.net_changes(events, state, ["id"], None, width=3)
+    alone = compact.accounting(net, ["id"], ["id", "a", "b"])
     sc = spark.sparkContext
 
     def jobs_of(group: str, action):
@@ -486,7 +485,7 @@ def test_the_accounting_is_gathered_by_the_job_that_caches_the_net_changes(spark
     plain = net.persist()
     _, writing = jobs_of("cache_alone", lambda: plain.write.format("noop").mode("overwrite").save())
     plain.unpersist()
-    (cached, counted), caching = jobs_of("cache_counted", lambda: compact.cache_counted(net, ["id"], list(columns)))
+    (cached, counted), caching = jobs_of("cache_counted", lambda: compact.cache_counted(net, ["id"], ["id", "a", "b"]))
     try:
         assert counted == alone
         assert counted.counts["duplicates"] == 1 and counted.counts["conflicts"] == 2 and counted.counts["superseded"] == 2
@@ -1120,8 +1119,8 @@ def test_a_new_rows_column_positions_follow_the_rule_with_or_without_the_shortcu
     from cdc_apply.apply import merge
     from cdc_apply.apply.compact import NEVER_SET
 
-    data = [(i, [c for c in _COLS if c not in ch["present"]], ch["cpos"], ch["delpos"], ch["pos"]) for i, ch in enumerate(changes)]
-    df = spark.createDataFrame(data, "i int, _cdc_absent array<string>, _cdc_cpos map<string,string>, _cdc_delpos string, _cdc_pos string")
+    data = [(i, ch["present"], ch["cpos"], ch["delpos"], ch["pos"]) for i, ch in enumerate(changes)]
+    df = spark.createDataFrame(data, "i int, _cdc_present array<string>, _cdc_cpos map<string,string>, _cdc_delpos string, _cdc_pos string")
     got = {r["i"]: r["m"] for r in df.selectExpr("i", f"{merge.new_col_pos(list(_COLS), '')} AS m").collect()}
     for i, ch in enumerate(changes):
         set_at = {c: (ch["cpos"].get(c, ch["pos"]) if c in ch["present"] else ch["delpos"]) or NEVER_SET for c in _COLS}

@@ -67,17 +67,19 @@ def sql_string(text: str) -> str:
     return "'" + str(text).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def batch_position(c: str, s: str = "") -> str:
+def batch_position(c: str, s: str = "", present: str | None = None) -> str:
     """SQL: the position that set data column ``c`` in a net change (alias
     prefix ``s``, e.g. ``"s."``): its last event carrying the column, else
     the key's last delete.  ``_cdc_cpos`` names only the columns set at
     another position than the change's own (``_cdc_pos``, see
-    ``_folded_columns``); ``_cdc_absent`` the data columns the change does
-    not carry (``typed_changes``).  The MERGE's contest per column and
-    ``_replaces_stored_row`` both read it here."""
+    ``_folded_columns``).  ``present``: the SQL list of the columns the
+    change carries (default ``{s}_cdc_present``, as ``merge_source`` names
+    it).  The MERGE's contest per column and ``_replaces_stored_row`` both
+    read it here."""
     col = sql_string(c)
     return (
-        f"(CASE WHEN NOT array_contains({s}_cdc_absent, {col}) THEN coalesce({s}_cdc_cpos[{col}], {s}{META_POS}) ELSE {s}_cdc_delpos END)"
+        f"(CASE WHEN array_contains({present or s + '_cdc_present'}, {col}) "
+        f"THEN coalesce({s}_cdc_cpos[{col}], {s}{META_POS}) ELSE {s}_cdc_delpos END)"
     )
 
 
@@ -616,32 +618,14 @@ def _folded_columns(df: DataFrame, keys: list[str]) -> DataFrame:
     )
 
 
-def typed_changes(folded: DataFrame, key_cols: list[str], columns: dict[str, str]) -> DataFrame:
-    """``fold_per_key``'s rows with their values typed: each data column of
-    ``columns`` cast from ``_cdc_vals``' text, and ``_cdc_absent`` listing
-    the data columns the change does not carry (empty for most changes)
-    instead of the map.  What the batch caches (``cache_counted``) and the
-    MERGE reads: a map of column names to text was the widest part of every
-    cached row, and typed values cache compressed, column by column."""
-    data_cols = [c for c in columns if c not in key_cols]
-    names = F.array(*[F.lit(c) for c in data_cols]) if data_cols else F.array().cast("array<string>")
-    rest = [quote(c) for c in folded.columns if c != "_cdc_vals"]
+def merge_source(folded: DataFrame, key_cols: list[str], columns: dict[str, str]) -> DataFrame:
+    """Typed data columns for the MERGE; ``_cdc_present`` lists present columns;
+    ``_cdc_stored_pos`` is NULL for a key the branch does not hold."""
+    data = [typed_value(F.col("_cdc_vals")[c], t).alias(c) for c, t in columns.items() if c not in key_cols]
     return folded.select(
-        *rest,
-        *[typed_value(F.col("_cdc_vals")[c], columns[c]).alias(c) for c in data_cols],
-        F.array_except(names, F.map_keys("_cdc_vals")).alias("_cdc_absent"),
-    )
-
-
-def merge_source(typed: DataFrame, key_cols: list[str], columns: dict[str, str]) -> DataFrame:
-    """The MERGE's columns of ``typed_changes``' rows: the typed key and data
-    columns, ``_cdc_absent``, the fold's CDC columns; ``_cdc_stored_pos`` is
-    NULL for a key the branch does not hold."""
-    data = [quote(c) for c in columns if c not in key_cols]
-    return typed.select(
         *[quote(k) for k in key_cols],
         *data,
-        "_cdc_absent",
+        F.map_keys("_cdc_vals").alias("_cdc_present"),
         "_cdc_action",
         "_cdc_cpos",
         "_cdc_delpos",
@@ -677,7 +661,7 @@ class Accounting(NamedTuple):
 def accounting(net: DataFrame, key_cols: list[str], columns: list[str] | None = None) -> Accounting:
     """Counts per bucket (every event is in exactly one), the batch's position
     range and the events without a key value, in one Spark job over
-    ``fold_per_key``'s rows as ``typed_changes`` gives them.  With the table's ``columns``, also
+    ``fold_per_key``'s rows.  With the table's ``columns``, also
     ``partial_inserts``: inserts that leave columns out and inherited
     nothing (the delete half of their primary-key change is not in this
     batch), so those columns stay NULL (``fold_per_key``'s ``width``); and
@@ -711,7 +695,7 @@ def cache_counted(net: DataFrame, key_cols: list[str], columns: list[str] | None
 
 
 def _accounting_columns(key_cols: list[str], columns: list[str] | None) -> list[Column]:
-    """``accounting``'s aggregates over ``typed_changes``' rows."""
+    """``accounting``'s aggregates over ``fold_per_key``'s rows."""
     data_cols = [c for c in columns or [] if c not in key_cols]
     written = F.col("_cdc_events") > 0
     stored = written & F.col("_cdc_stored_pos").isNotNull()
@@ -766,7 +750,8 @@ def _writes_partial_row(data_cols: list[str]) -> Column:
     inherited = F.size(F.coalesce(F.col("_cdc_inh"), F.create_map().cast("map<string,string>"))) > 0
     if not data_cols:
         return inherited
-    return inherited | (F.col("_cdc_stored_pos").isNull() & F.col("_cdc_delpos").isNull() & (F.size("_cdc_absent") > 0))
+    carried = F.size(F.array_intersect(F.map_keys("_cdc_vals"), F.array(*[F.lit(c) for c in data_cols])))
+    return inherited | (F.col("_cdc_stored_pos").isNull() & F.col("_cdc_delpos").isNull() & (carried < len(data_cols)))
 
 
 def _replaces_stored_row(data_cols: list[str]) -> Column:
@@ -780,6 +765,6 @@ def _replaces_stored_row(data_cols: list[str]) -> Column:
     stored = F.col("_cdc_stored_pos")
     wins = [stored.isNotNull(), F.col(META_POS) > stored]
     for c in data_cols:
-        batch_pos = F.expr(batch_position(c))
+        batch_pos = F.expr(batch_position(c, present="map_keys(_cdc_vals)"))
         wins.append(F.coalesce(batch_pos > stored, F.lit(False)))
     return functools.reduce(operator.and_, wins)

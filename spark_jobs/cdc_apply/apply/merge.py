@@ -182,14 +182,14 @@ def new_col_pos(data_cols: list[str], s: str) -> str:
         return EMPTY_MAP
     new_pos = ", ".join(f"{sql_string(c)}, coalesce({batch_position(c, s)}, '{NEVER_SET}')" for c in data_cols)
     filtered = f"map_filter(map({new_pos}), (k, v) -> v < {s}{META_POS})"
-    return f"CASE WHEN {sets_every_column(s)} THEN {EMPTY_MAP} ELSE {filtered} END"
+    return f"CASE WHEN {sets_every_column(data_cols, s)} THEN {EMPTY_MAP} ELSE {filtered} END"
 
 
-def sets_every_column(s: str) -> str:
-    """SQL: the net change (alias prefix ``s``) carries every data column
-    (``_cdc_absent`` empty) and each was set by its last event (no
-    ``_cdc_cpos`` entry)."""
-    return f"size({s}_cdc_cpos) = 0 AND size({s}_cdc_absent) = 0"
+def sets_every_column(data_cols: list[str], s: str) -> str:
+    """SQL: the net change (alias prefix ``s``) carries every data column and
+    each was set by its last event (no ``_cdc_cpos`` entry)."""
+    carried = " AND ".join(f"array_contains({s}_cdc_present, {sql_string(c)})" for c in data_cols)
+    return f"size({s}_cdc_cpos) = 0 AND {carried}"
 
 
 def merge_sql(
@@ -247,7 +247,7 @@ def merge_sql(
     col_pos_matched = EMPTY_MAP
     if data_cols:  # the map_filter's shortcut (new_col_pos): a newer change that sets every column by its last event wins them all
         filtered = f"map_filter(map({matched_pos}), (k, v) -> v < {row_pos})"
-        col_pos_matched = f"CASE WHEN {newer} AND {sets_every_column('s.')} THEN {EMPTY_MAP} ELSE {filtered} END"
+        col_pos_matched = f"CASE WHEN {newer} AND {sets_every_column(data_cols, 's.')} THEN {EMPTY_MAP} ELSE {filtered} END"
     sets = [f"{quote(c)} = CASE WHEN {wins(c)} THEN s.{quote(c)} ELSE {stored_val(c)} END" for c in data_cols]
     if whole_rows:  # wins(c) for every c, and newer: the same values without reading the stored ones
         if not matched_only:

@@ -257,7 +257,7 @@ def _write(
         """The batch's net changes, cached and counted (``compact.cache_counted``)."""
         with _phase(spark, tr, "label"):
             net = compact.net_changes(events, state, spec.key_columns, truncated_at, width=len(spec.columns), prune=prune)
-            return compact.cache_counted(compact.typed_changes(net, spec.key_columns, spec.columns), spec.key_columns, list(spec.columns))
+            return compact.cache_counted(net, spec.key_columns, list(spec.columns))
 
     net, acc = net_changes(prepared)
     try:

@@ -24,7 +24,8 @@ import decimal
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -80,6 +81,13 @@ def batches() -> dict[str, pa.RecordBatch]:
     }
 
 
+def timed(action: Callable[[], Any]) -> tuple[Any, float]:
+    """``action()``'s result and the seconds it took."""
+    start = time.perf_counter()
+    result = action()
+    return result, time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -110,20 +118,13 @@ def main() -> None:
                     yield batch
 
             df, key = seed.mapInArrow(rows, DDL[form]), F.expr(KEY[form])
-
-            def timed(action) -> float:  # type: ignore[no-untyped-def]
-                start = time.perf_counter()
-                action()
-                return time.perf_counter() - start
-
-            alone = timed(lambda: df.select(F.max(key)).collect())  # noqa: B023
+            _, alone = timed(lambda: df.select(F.max(key)).collect())  # noqa: B023
             cached = df.persist(StorageLevel.MEMORY_AND_DISK)
-            persist = timed(cached.count)
-            from_cache = timed(lambda: cached.repartition(8, key).select(F.max(key)).collect())  # noqa: B023
+            _, persist = timed(cached.count)
+            _, from_cache = timed(lambda: cached.repartition(8, key).select(F.max(key)).collect())  # noqa: B023
             cached.unpersist(blocking=True)
-            kept: list = []
-            checkpoint = timed(lambda: kept.append(df.localCheckpoint(eager=True)))  # noqa: B023
-            from_checkpoint = timed(lambda: kept[0].repartition(8, key).select(F.max(key)).collect())  # noqa: B023
+            kept, checkpoint = timed(lambda: df.localCheckpoint(eager=True))  # noqa: B023
+            _, from_checkpoint = timed(lambda: kept.repartition(8, key).select(F.max(key)).collect())  # noqa: B023
             print(
                 f"round {rnd} {form:5s} rows alone {alone:5.2f}s | persist {persist:5.2f}s, shuffle from it {from_cache:5.2f}s"
                 f" | localCheckpoint {checkpoint:5.2f}s, shuffle from it {from_checkpoint:5.2f}s",

@@ -173,6 +173,22 @@ def _median_run(runs: list[dict[str, Any]], figure: str) -> dict[str, Any]:
     return sorted(runs, key=lambda r: r[figure])[(len(runs) - 1) // 2]
 
 
+def rss_plan(
+    workload: wl.Workload, data: Path, args: argparse.Namespace, hourly_files: wl.WorkloadFiles
+) -> tuple[bool, list[tuple[wl.WorkloadFiles, wl.WorkloadFiles]]]:
+    """The RSS runs' (1x, 5x) batches, and whether the 1x one is the hourly
+    batch.  They continue ``workload``'s history after the hourly batch
+    (applied to the same table in order 1x, 5x, 1x, 5x, ...), each run with
+    files of its own: a batch is applied once, so a run given files applied
+    before would measure a batch that does nothing."""
+    reuse = args.rss_events == args.hourly_events and args.rss_runs == 1
+    batches = []
+    for i in range(args.rss_runs):
+        r1_files = hourly_files if reuse else workload.write(data / f"rss1_{i}", args.rss_events, args.events_per_file)
+        batches.append((r1_files, workload.write(data / f"rss5_{i}", args.rss_events * 5, args.events_per_file)))
+    return reuse, batches
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=sorted(PRESETS), default="tiny")
@@ -267,13 +283,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
             data / "scale", args.scale_events, args.events_per_file
         )
     )
-    # RSS batches continue the same history after the hourly one (applied to the same table, in
-    # order: 1x, 5x, 1x, 5x, ...; each run its own files, as a batch is applied once)
-    reuse_rss = args.rss_events == args.hourly_events and args.rss_runs == 1
-    rss_batches = []
-    for i in range(args.rss_runs):
-        r1_files = hourly_files if reuse_rss else main_wl.write(data / f"rss1_{i}", args.rss_events, args.events_per_file)
-        rss_batches.append((r1_files, main_wl.write(data / f"rss5_{i}", args.rss_events * 5, args.events_per_file)))
+    reuse_rss, rss_batches = rss_plan(main_wl, data, args, hourly_files)
     rss1, rss5 = rss_batches[0]
     # after the RSS batches, for one Connect server: its first batch (warms its JVM; reported), hourly_runs
     # timed warm ones, then two with the source set to merge-on-read (the first switches the table; the second is timed)

@@ -24,7 +24,7 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
     env.setdefault("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars"))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "spark_jobs"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--scale", "tiny", "--rss-runs", "2", "--out", str(out), "--workdir", str(tmp_path / "work")],
+        [sys.executable, "-m", "bench.run", "--scale", "tiny", "--out", str(out), "--workdir", str(tmp_path / "work")],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -72,7 +72,29 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
     assert hm["switch_batch_schema_changes"] in ([], ["write.merge.mode copy-on-write -> merge-on-read"])
     r = res["rss"]
     assert r["peak_rss_1x_mb"] > 0 and r["peak_rss_5x_mb"] > 0 and r["events_5x"] >= 4 * r["events_1x"]
-    assert len(r["runs_1x_mb"]) == len(r["runs_5x_mb"]) == r["runs"] == 2  # each run its own batch of files
+    # the tiny preset's one RSS run: its 1x batch is the hourly batch (reused, not run again)
+    assert len(r["runs_1x_mb"]) == len(r["runs_5x_mb"]) == r["runs"] == 1 and "the 1x batch is the hourly batch" in r["measured"]
 
     # the printed table carries the same figures
     assert "project run_batch" in proc.stdout and ("PASS" in proc.stdout or "MISS" in proc.stdout)
+
+
+def test_each_rss_run_gets_a_batch_of_its_own(tmp_path):
+    """With several RSS runs (the small and full presets), every run's 1x and
+    5x batches are files of their own that continue one history; only the
+    tiny preset's single run reuses the hourly batch as its 1x one."""
+    from bench import run
+    from bench import workload as wl
+
+    args = run.parse_args(["--scale", "tiny", "--rss-runs", "2", "--rss-events", "40", "--hourly-events", "40", "--events-per-file", "20"])
+    w = wl.Workload(seed=1, base_rows=100, insert_slot=1)
+    hourly = w.write(tmp_path / "hourly", 40, 20)
+    reuse, batches = run.rss_plan(w, tmp_path, args, hourly)
+    assert not reuse and len(batches) == 2
+    files = [f for one, five in batches for f in (one, five)]
+    assert [(f.events) for f in files] == [40, 200, 40, 200]
+    assert len({p for f in files for p in f.paths} | set(hourly.paths)) == sum(len(f.paths) for f in [*files, hourly])
+    assert all(a.lsn_last < b.lsn_first for a, b in zip([hourly, *files], files, strict=False))  # one history, in order
+
+    reuse, batches = run.rss_plan(w, tmp_path / "one", run.parse_args(["--scale", "tiny", "--rss-events", "40", "--hourly-events", "40"]), hourly)
+    assert reuse and batches[0][0] is hourly

@@ -72,14 +72,30 @@ def _lines(schema: str, table: str, column: str, keys: range) -> list[str]:
     return out
 
 
-def _tables(spark, catalog: str) -> dict[str, int]:
-    """Every table of the catalog with its row count: what an injection would change."""
-    out = {}
-    for ns in [r[0] for r in spark.sql(f"SHOW NAMESPACES IN {catalog}").collect()]:
-        for r in spark.sql(f"SHOW TABLES IN {catalog}.`{ns}`").collect():
-            if not r["isTemporary"]:
-                out[f"{ns}.{r['tableName']}"] = spark.sql(f"SELECT count(*) FROM {catalog}.`{ns}`.`{r['tableName']}`").collect()[0][0]
-    return out
+class _RowCounts:
+    """Every table of the catalog with its row count: what an injection would
+    change.  A table is counted (a Spark job) only when its current snapshot
+    is one not counted before; the tests' catalog holds every table of the
+    worker's earlier tests, and a batch here changes only a few of them."""
+
+    def __init__(self, spark, settings) -> None:
+        from cdc_apply.ledger import Ledger
+
+        self.spark, self.name, self.catalog = spark, settings.catalog_name, Ledger(settings).catalog
+        self.counted: dict[tuple[str, int | None], int] = {}
+
+    def __call__(self) -> dict[str, int]:
+        out = {}
+        for ns in self.catalog.list_namespaces():
+            for ident in self.catalog.list_tables(ns):
+                name = ".".join(ident)
+                snapshot = self.catalog.load_table(ident).current_snapshot()
+                seen = (name, snapshot.snapshot_id if snapshot else None)
+                if seen not in self.counted:
+                    quoted = ".".join("`" + p.replace("`", "``") + "`" for p in ident)
+                    self.counted[seen] = self.spark.sql(f"SELECT count(*) FROM {self.name}.{quoted}").collect()[0][0]
+                out[name] = self.counted[seen]
+        return out
 
 
 def identifier_trial(spark, settings, work: Path, seed: int, names: list[str] | None = None) -> Trial:
@@ -99,6 +115,7 @@ def identifier_trial(spark, settings, work: Path, seed: int, names: list[str] | 
     os.environ["CDC_SOURCES_FILE"] = str(sources)
     settings = Settings.from_env()
     tried = refused = 0
+    tables = _RowCounts(spark, settings)
     picks = names if names is not None else HOSTILE
     for i, (name, role) in enumerate((n, r) for n in picks for r in ROLES):
         name = name.format(victim=victim) if "{victim}" in name else name
@@ -112,14 +129,14 @@ def identifier_trial(spark, settings, work: Path, seed: int, names: list[str] | 
         lines = _lines(schema, table, column, range(1, 4)) + _lines("public", "victim", "name", range(10 * i + 1, 10 * i + 3))
         rnd.shuffle(lines)
         (hour / "f.jsonl").write_text("\n".join(lines) + "\n")
-        before = _tables(spark, settings.catalog_name)
+        before = tables()
         tried += 1
         try:
             result = run_batch(settings, source, list_files(hour.parents[3]), spark=spark)
         except Exception as exc:
             trial.problems.append(f"{role} {name[:60]!r}: the batch died: {type(exc).__name__}: {str(exc)[:800]}")
             continue
-        after = _tables(spark, settings.catalog_name)
+        after = tables()
         lost = {t: n for t, n in before.items() if after.get(t, -1) < n and not t.endswith(f"{source}.victim")}
         if lost:
             trial.problems.append(f"{role} {name[:60]!r}: tables lost or emptied: {lost}")

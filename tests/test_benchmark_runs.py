@@ -96,5 +96,7 @@ def test_each_rss_run_gets_a_batch_of_its_own(tmp_path):
     assert len({p for f in files for p in f.paths} | set(hourly.paths)) == sum(len(f.paths) for f in [*files, hourly])
     assert all(a.lsn_last < b.lsn_first for a, b in zip([hourly, *files], files, strict=False))  # one history, in order
 
-    reuse, batches = run.rss_plan(w, tmp_path / "one", run.parse_args(["--scale", "tiny", "--rss-events", "40", "--hourly-events", "40"]), hourly)
+    reuse, batches = run.rss_plan(
+        w, tmp_path / "one", run.parse_args(["--scale", "tiny", "--rss-events", "40", "--hourly-events", "40"]), hourly
+    )
     assert reuse and batches[0][0] is hourly

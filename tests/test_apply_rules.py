@@ -444,13 +444,12 @@ def test_the_one_event_short_cut_folds_as_the_general_fold(spark, monkeypatch):
     assert 6 not in short and 8 not in short
 
 
-def test_the_accounting_is_gathered_by_the_job_that_keeps_the_net_changes(spark):
-    """``cache_counted`` counts in the job that keeps the net changes (an
-    observed local checkpoint): the same ``Accounting`` as a job of its own
-    over the same rows, no more Spark jobs than keeping them alone, the
-    per-key counts left out, and the kept blocks freed when let go."""
+def test_the_accounting_is_gathered_by_the_job_that_caches_the_net_changes(spark):
+    """``cache_counted`` counts in the job that builds the cache (an observed
+    noop write): the same ``Accounting`` as a job of its own over the same
+    rows, no more Spark jobs than caching alone, and the per-key counts
+    left out of the cache."""
     from cdc_apply.apply import compact
-    from cdc_apply.runtime import session
 
     rows = [  # key, pos, line, op, after
         (1, "p05", 1, "u", {"id": "1", "a": "x"}),
@@ -483,22 +482,18 @@ def test_the_accounting_is_gathered_by_the_job_that_keeps_the_net_changes(spark)
             for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
                 sc.setLocalProperty(key, None)  # type: ignore[arg-type]
 
-    def kept_blocks() -> set[int]:
-        return {i.id() for i in sc._jsc.sc().getRDDStorageInfo()}
-
-    (_, let_go), keeping = jobs_of("kept_alone", lambda: session.kept(net))
-    let_go()
-    before = kept_blocks()
-    (cached, release, counted), counting = jobs_of("cache_counted", lambda: compact.cache_counted(net, ["id"], ["id", "a", "b"]))
+    plain = net.persist()
+    _, writing = jobs_of("cache_alone", lambda: plain.write.format("noop").mode("overwrite").save())
+    plain.unpersist()
+    (cached, counted), caching = jobs_of("cache_counted", lambda: compact.cache_counted(net, ["id"], ["id", "a", "b"]))
     try:
         assert counted == alone
         assert counted.counts["duplicates"] == 1 and counted.counts["conflicts"] == 2 and counted.counts["superseded"] == 2
-        assert len(counting) == len(keeping), (counting, keeping)  # as many as keeping alone: none for the counts
-        assert kept_blocks() > before and not set(compact._COUNTS) & set(cached.columns)
+        assert len(caching) == len(writing), (caching, writing)  # as many as caching alone: none for the counts
+        assert cached.is_cached and not set(compact._COUNTS) & set(cached.columns)
         assert sorted(r["id"] for r in compact.applied(cached).collect()) == [1, 3, 4]
     finally:
-        release()
-    assert kept_blocks() == before  # let go: the blocks are freed, not left to the JVM's next GC
+        cached.unpersist()
 
 
 def test_a_classic_observation_after_pyspark_took_the_process_for_a_connect_one(monkeypatch):

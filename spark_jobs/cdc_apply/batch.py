@@ -42,7 +42,7 @@ from cdc_apply.decode.stage import decode_batch
 from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalError
 from cdc_apply.model import CONFIG_REFUSED_PREFIX
 from cdc_apply.results import BatchResult, Override, TableResult, reason_class
-from cdc_apply.runtime import session, spark_conf
+from cdc_apply.runtime import spark_conf
 from cdc_apply.runtime.session import described
 from cdc_apply.status import Status
 
@@ -236,9 +236,9 @@ def apply_decoded(
     result.started_at = dt.datetime.now(dt.UTC).isoformat()
     result.stage = "write"
     with contextlib.ExitStack() as own:
+        raw = decoded.persist()
+        own.callback(raw.unpersist)
         with described(spark, f"{source.name}: decode"):
-            raw, release = session.kept(decoded)
-            own.callback(release)
             # lines of partly applied files that an earlier batch accounted for are not read again
             decoded = held.only_held_lines(spark, raw, held.prior_in_batch(state, files))
             kept, linked = _hold_transactions(spark, source, result, state, decoded)

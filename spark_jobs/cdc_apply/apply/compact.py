@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from pyspark.sql import Column, DataFrame
@@ -670,29 +669,28 @@ def accounting(net: DataFrame, key_cols: list[str], columns: list[str] | None = 
     return _accounting_of(net.agg(*_accounting_columns(key_cols, columns)).collect()[0].asDict(), key_cols, columns)
 
 
-def cache_counted(
-    net: DataFrame, key_cols: list[str], columns: list[str] | None = None
-) -> tuple[DataFrame, Callable[[], None], Accounting]:
-    """The net changes kept (``session.kept``), how to let them go, and their
-    ``accounting``.  On a classic session the counts are gathered by the job
-    that builds the local checkpoint (``DataFrame.observe``), so no job
-    reads the kept rows only to count them, and the per-key counts
-    (``_COUNTS``) stay out of them; that job is the checkpoint's, where
-    Spark applies each task's update once (a retried task's too).  On Spark
-    Connect the counts are the job that fills the cache: PySpark 4.1's
-    Connect client refuses a join of two frames that descend from one
-    observed frame (SPARK-56322), which the reconciliation makes."""
+def cache_counted(net: DataFrame, key_cols: list[str], columns: list[str] | None = None) -> tuple[DataFrame, Accounting]:
+    """The net changes cached, and their ``accounting``.  On a classic
+    session the counts are gathered by the job that builds the cache
+    (``DataFrame.observe``), so no job reads the cache only to count it, and
+    the per-key counts (``_COUNTS``) stay out of it.  The job is a ``noop``
+    write: the counts are then taken in its result stage, where Spark applies
+    each task's update once (a retried task's too).  On Spark Connect the
+    counts keep a job of their own: PySpark 4.1's Connect client refuses a
+    join of two frames that descend from one observed frame (SPARK-56322),
+    which the reconciliation makes."""
     observation = None if session.is_remote(net.sparkSession) else session.classic_observation()
     if observation is None:
-        cached, release = session.kept(net)
+        cached = net.persist()
     else:
-        cached, release = session.kept(net.observe(observation, *_accounting_columns(key_cols, columns)).drop(*_COUNTS))
+        cached = net.observe(observation, *_accounting_columns(key_cols, columns)).drop(*_COUNTS).persist()
     try:
         if observation is None:
-            return cached, release, accounting(cached, key_cols, columns)
-        return cached, release, _accounting_of(observation.get, key_cols, columns)
+            return cached, accounting(cached, key_cols, columns)
+        cached.write.format("noop").mode("overwrite").save()
+        return cached, _accounting_of(observation.get, key_cols, columns)
     except BaseException:  # the caller gets no frame to release
-        release()
+        cached.unpersist()
         raise
 
 

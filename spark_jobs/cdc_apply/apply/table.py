@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,7 +216,7 @@ def _write(
     """Order, label and fold the row events; MERGE them onto a fresh audit
     branch with the ledger properties; reconcile.  ``log_write``: the change
     log's append, waited for before the MERGE (a failed one fails the table
-    before it is written).  Long because the net changes are kept for
+    before it is written).  Long because the net changes are persisted for
     exactly this span."""
     spark, branch = work.spark, work.branch
     prepared = compact.prepare_events(rows, {k: spec.columns[k] for k in spec.key_columns})
@@ -253,20 +253,20 @@ def _write(
     n_events = int(meta["n"])
     prune = n_events <= compact.BROADCAST_ROWS_MAX and n_events * PRUNE_STATE_MIN_RATIO <= base_live
 
-    def net_changes(events: DataFrame) -> tuple[DataFrame, Callable[[], None], compact.Accounting]:
-        """The batch's net changes, kept and counted (``compact.cache_counted``)."""
+    def net_changes(events: DataFrame) -> tuple[DataFrame, compact.Accounting]:
+        """The batch's net changes, cached and counted (``compact.cache_counted``)."""
         with _phase(spark, tr, "label"):
             net = compact.net_changes(events, state, spec.key_columns, truncated_at, width=len(spec.columns), prune=prune)
             return compact.cache_counted(net, spec.key_columns, list(spec.columns))
 
-    net, release_net, acc = net_changes(prepared)
+    net, acc = net_changes(prepared)
     try:
         counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
         if acc.null_keys:  # rare: quarantine them, apply the rest (a missing key never blocks the source)
             keyless = _quarantine_keyless(work, spec, rows)
-            release_net()
+            net.unpersist()
             prepared = prepared.where(~compact.null_key_filter(spec.key_columns))
-            net, release_net, acc = net_changes(prepared)
+            net, acc = net_changes(prepared)
             counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
             counts["quarantined"] = keyless
             if keyless > work.source.quarantine_max_share * n_events:
@@ -340,7 +340,7 @@ def _write(
             _keep_live_rows(spark, spec, tr.branch_snapshot, live_after)
         tr.status = Status.WRITTEN
     finally:
-        release_net()
+        net.unpersist()
         moved.release()
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Observation, SparkSession
 
 from cdc_apply.config import Settings
 from cdc_apply.runtime.code_zip import build_code_zip
@@ -101,24 +101,6 @@ def classic_observation() -> Observation:
     observation = object.__new__(Observation)
     observation.__init__()  # type: ignore[misc]
     return observation
-
-
-def kept(df: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
-    """``df`` kept for the batch's later jobs, and how to let it go.  On a
-    classic session a local checkpoint, built now by one job: the rows are
-    kept as the plan made them, where ``persist`` re-encodes every column
-    into Spark's columnar cache, about three times the cost for the batch's
-    map columns (bench/README, step 27).  An executor lost meanwhile loses
-    its part and fails the batch (Spark says a checkpoint block was not
-    found); the batch is then run again whole, as after any failure.  On
-    Spark Connect ``persist``, filled by the next job that reads it: the
-    server frees a checkpoint only when the client's frame is collected."""
-    if is_remote(df.sparkSession):
-        cached = df.persist()
-        return cached, cached.unpersist
-    checkpoint = df.localCheckpoint(eager=True)
-    blocks = checkpoint._jdf.queryExecution().logical().rdd()  # the checkpoint's LogicalRDD holds the blocks
-    return checkpoint, lambda: blocks.unpersist(False)
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ Only presence and positivity are checked: timings are never asserted here
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -92,9 +93,9 @@ def test_each_rss_run_gets_a_batch_of_its_own(tmp_path):
     reuse, batches = run.rss_plan(w, tmp_path, args, hourly)
     assert not reuse and len(batches) == 2
     files = [f for one, five in batches for f in (one, five)]
-    assert [(f.events) for f in files] == [40, 200, 40, 200]
+    assert [f.events for f in files] == [40, 200, 40, 200]
     assert len({p for f in files for p in f.paths} | set(hourly.paths)) == sum(len(f.paths) for f in [*files, hourly])
-    assert all(a.lsn_last < b.lsn_first for a, b in zip([hourly, *files], files, strict=False))  # one history, in order
+    assert all(a.lsn_last < b.lsn_first for a, b in itertools.pairwise([hourly, *files]))  # one history, in order
 
     reuse, batches = run.rss_plan(
         w, tmp_path / "one", run.parse_args(["--scale", "tiny", "--rss-events", "40", "--hourly-events", "40"]), hourly

@@ -85,6 +85,8 @@ class _RowCounts:
         self.counted: dict[tuple[str, int | None], int] = {}
 
     def __call__(self) -> dict[str, int]:
+        from cdc_apply.apply.compact import quote
+
         out = {}
         for ns in self.catalog.list_namespaces():
             for ident in self.catalog.list_tables(ns):
@@ -92,7 +94,7 @@ class _RowCounts:
                 snapshot = self.catalog.load_table(ident).current_snapshot()
                 seen = (name, snapshot.snapshot_id if snapshot else None)
                 if seen not in self.counted:
-                    quoted = ".".join("`" + p.replace("`", "``") + "`" for p in ident)
+                    quoted = ".".join(quote(p) for p in ident)
                     self.counted[seen] = self.spark.sql(f"SELECT count(*) FROM {self.name}.{quoted}").collect()[0][0]
                 out[name] = self.counted[seen]
         return out

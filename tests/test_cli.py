@@ -173,3 +173,55 @@ def test_files_cut_into_pieces_apply_exactly_like_whole_files(spark, settings, t
     assert cut["status"] == whole["status"] == "complete"
     assert cut["messages"] == whole["messages"] and cut["messages"]["read"] == 13
     assert _rows(spark, settings, "cut") == _rows(spark, settings, "whole") != set()
+
+
+def _java_commands(proc) -> list[list[str]]:
+    """The command lines of the JVMs a running process starts, until it ends."""
+    import time
+
+    import psutil
+
+    seen: dict[int, list[str]] = {}
+    while proc.poll() is None:
+        try:
+            children = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        for child in children:
+            try:
+                cmd = child.cmdline()
+            except psutil.Error:  # ended while looked at
+                continue
+            if cmd and cmd[0].endswith("/java"):
+                seen[child.pid] = cmd
+        time.sleep(0.1)
+    return list(seen.values())
+
+
+def test_the_cdc_command_starts_a_short_lived_driver_and_a_kept_session_does_not(spark, tmp_path):
+    """`cdc` runs one command and exits: the driver JVM it starts gets a
+    spark-submit job's C1-only JIT (``session.one_command_process``), as a
+    JVM option, not only as Spark conf.  A session kept for many batches (the
+    tests', the bench's) keeps the C2 compiler, which pays off there."""
+    import os
+    import subprocess
+    import sys
+
+    from cdc_apply.runtime.spark_conf import DRIVER_JAVA_OPTIONS
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_SPARK_CONF_")} | {"CDC_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cdc_apply.cli", "maintain", "--source", "pg_inventory"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    javas = _java_commands(proc)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out + err
+    assert len(javas) == 1, javas
+    java = javas[0]
+    main_class = java.index("org.apache.spark.deploy.SparkSubmit")
+    assert DRIVER_JAVA_OPTIONS in java[:main_class], java  # an option of the JVM itself
+    assert DRIVER_JAVA_OPTIONS not in spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", "")

@@ -133,3 +133,19 @@ def test_operator_conf_of_its_own_is_submitted_as_given(monkeypatch, cdc_home, d
     assert "-XX:ArchiveClassesAtExit=" in submitted[-1]["spark.driver.extraJavaOptions"]
     assert op.conf == {}
     assert list((cdc_home / "jvm").glob("*.lock")) == []  # released after the job
+
+
+def test_only_a_one_command_process_tunes_its_own_driver_jvm(monkeypatch, cdc_home):
+    """get_spark's conf: C1-only JIT for the driver of a process that runs
+    one command and exits (``cdc``, the demo); none for a session that is
+    kept (tests, the bench) or under spark-submit; a CDC_SPARK_CONF_ override
+    wins."""
+    from cdc_apply.config import Settings
+    from cdc_apply.runtime.spark_conf import DRIVER_JAVA_OPTIONS, session_conf
+
+    key = "spark.driver.extraJavaOptions"
+    monkeypatch.delenv("CDC_SPARK_CONF_spark__driver__extraJavaOptions", raising=False)
+    assert session_conf(Settings.from_env(), own_short_lived_driver=True)[key] == DRIVER_JAVA_OPTIONS
+    assert key not in session_conf(Settings.from_env(), own_short_lived_driver=False)
+    monkeypatch.setenv("CDC_SPARK_CONF_spark__driver__extraJavaOptions", "-Xss4m")
+    assert session_conf(Settings.from_env(), own_short_lived_driver=True)[key] == "-Xss4m"

@@ -323,5 +323,13 @@ def main(argv: list[str] | None = None, settings: Settings | None = None) -> int
             stop_remote_session()
 
 
+def run() -> int:
+    """The ``cdc`` command: one command in a process of its own."""
+    from cdc_apply.runtime.session import one_command_process
+
+    one_command_process()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -262,4 +262,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from cdc_apply.runtime.session import one_command_process
+
+    one_command_process()
     raise SystemExit(main())

@@ -85,8 +85,10 @@ def main(argv: list[str]) -> int:
         raise SystemExit(__doc__)
     import cdc_apply.batch  # noqa: F401  (load the job's modules, so every importer of the function is found)
     import cdc_apply.cli as cli
+    from cdc_apply.runtime.session import one_command_process
 
     arm(point)
+    one_command_process()  # as the `cdc` command it stands for
     return cli.main(rest)
 
 

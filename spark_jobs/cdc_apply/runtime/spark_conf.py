@@ -199,9 +199,18 @@ def driver_conf(settings: Settings, *, short_lived: bool = True) -> dict[str, st
         "spark.pyspark.python": settings.worker_python,
         "spark.pyspark.driver.python": settings.worker_python,
     }
-    if short_lived:
-        conf["spark.driver.extraJavaOptions"] = DRIVER_JAVA_OPTIONS
-    return {**conf, **quiet_spark(settings.log_verbose), **iceberg_conf(settings)}
+    return {**conf, **short_lived_options(short_lived), **quiet_spark(settings.log_verbose), **iceberg_conf(settings)}
+
+
+def short_lived_options(short_lived: bool) -> dict[str, str]:
+    """The JVM options of a driver that lives for one batch (``DRIVER_JAVA_OPTIONS``), else none."""
+    return {"spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS} if short_lived else {}
+
+
+def session_conf(settings: Settings, *, own_short_lived_driver: bool) -> dict[str, str]:
+    """Conf of a session ``get_spark`` builds; ``own_short_lived_driver``: it
+    starts the driver JVM of a process that runs one command and exits."""
+    return {**session_defaults(settings), **short_lived_options(own_short_lived_driver), **iceberg_conf(settings)}
 
 
 def extra_jar_coordinates(settings: Settings) -> tuple[str, ...]:

@@ -763,6 +763,7 @@ def spark_jobs_profile(spark, group: str, wall_seconds: float | None = None) -> 
                 "seconds": round((end - start), 3) if start and end else 0.0,
                 "tasks": j.get("numTasks"),
                 "executor_run_seconds": round(sum(x.get("executorRunTime", 0) for x in st) / 1000, 3),
+                "executor_cpu_seconds": round(sum(x.get("executorCpuTime", 0) for x in st) / 1e9, 3),
                 "input_mb": round(sum(x.get("inputBytes", 0) for x in st) / 1e6, 2),
                 "shuffle_write_mb": round(sum(x.get("shuffleWriteBytes", 0) for x in st) / 1e6, 2),
                 "gc_seconds": round(sum(x.get("jvmGcTime", 0) for x in st) / 1000, 3),
@@ -781,10 +782,11 @@ def spark_jobs_profile(spark, group: str, wall_seconds: float | None = None) -> 
         busy += cur[1] - cur[0]
     by_what: dict[str, dict[str, float]] = {}
     for r in rows:
-        d = by_what.setdefault(r["what"], {"jobs": 0, "seconds": 0.0, "executor_run_seconds": 0.0})
+        d = by_what.setdefault(r["what"], {"jobs": 0, "seconds": 0.0, "executor_run_seconds": 0.0, "executor_cpu_seconds": 0.0})
         d["jobs"] += 1
         d["seconds"] += r["seconds"]
         d["executor_run_seconds"] += r["executor_run_seconds"]
+        d["executor_cpu_seconds"] += r["executor_cpu_seconds"]
     out = {
         "jobs": len(rows),
         "job_seconds_total": round(sum(r["seconds"] for r in rows), 3),
@@ -794,6 +796,7 @@ def spark_jobs_profile(spark, group: str, wall_seconds: float | None = None) -> 
         ),
         "longest_jobs": sorted(rows, key=lambda r: -r["seconds"])[:15],
         "executor_run_seconds": round(sum(r["executor_run_seconds"] for r in rows), 3),
+        "executor_cpu_seconds": round(sum(r["executor_cpu_seconds"] for r in rows), 3),
         "gc_seconds": round(sum(r["gc_seconds"] for r in rows), 3),
         "spilled_mb": round(sum(r["spilled_mb"] for r in rows), 2),
     }

@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from cdc_apply.config import JARS, S3_JARS, Settings, spark_home, uses_object_store
 from cdc_apply.errors import ConfigError
+from cdc_apply.runtime.class_archive import JAVA_OPTIONS
 from cdc_apply.runtime.logs import spark_conf as quiet_spark
 
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
@@ -204,7 +205,7 @@ def driver_conf(settings: Settings, *, short_lived: bool = True) -> dict[str, st
 
 def short_lived_options(short_lived: bool) -> dict[str, str]:
     """The JVM options of a driver that lives for one batch (``DRIVER_JAVA_OPTIONS``), else none."""
-    return {"spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS} if short_lived else {}
+    return {JAVA_OPTIONS: DRIVER_JAVA_OPTIONS} if short_lived else {}
 
 
 def session_conf(settings: Settings, *, own_short_lived_driver: bool) -> dict[str, str]:

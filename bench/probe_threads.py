@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     from cdc_apply.runtime.session import get_spark
 
     work = C.scratch_dir("cdc-probe-threads-")
-    C.prepare_home(work / "home", ["p"], None)
+    C.prepare_home(work / "home", ["p"])
     settings = Settings.from_env()
     load = wl.Workload(seed=7, base_rows=args.base_rows, insert_slot=1)
     seed = wl.write_seed(work / "data" / "seed")

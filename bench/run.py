@@ -735,8 +735,8 @@ def render(out: dict[str, Any]) -> str:
             "",
             f"where the project's {res['project']['seconds']:.1f}s went: {prof['jobs']} Spark jobs, {prof['seconds_with_jobs_running']:.1f}s with a job "
             f"running, {prof.get('driver_only_seconds', 0):.1f}s driver only (Python, planning, commits, GX); "
-            f"{prof.get('executor_run_seconds', 0):.1f} task seconds, {prof.get('executor_cpu_seconds', 0):.1f} of them on the JVM's CPU; "
-            "top statements by job time (job time, task seconds, JVM CPU seconds: a job whose tasks waited for cores, or for Python workers, "
+            f"{prof.get('executor_run_seconds', 0):.1f} task seconds, {prof.get('executor_cpu_seconds', 0):.1f} of them the task threads' CPU; "
+            "top statements by job time (job time, task seconds, task threads' CPU seconds: a job whose tasks waited for cores, or for Python workers, "
             "shows less CPU than task time):",
         ]
         for what, v in list(prof["by_statement"].items())[:12]:

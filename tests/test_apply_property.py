@@ -285,8 +285,8 @@ def test_late_full_images_fill_only_what_later_partial_events_left_out(spark, se
     after its later deletes) sets only the columns no later event set: the
     stored row keeps each column's newest value, a deleted key stays
     deleted.  The partial events come in the first batch, the full images
-    in the second, and some events of either are delivered again in the
-    second; the result must be the model's (every event in log order)."""
+    in the second, beside some of the first batch's events delivered again;
+    the result must be the model's (every event in log order)."""
     partial, full, seed = w
     rnd = random.Random(seed)
     late = full + rnd.sample(partial, rnd.randint(0, min(2, len(partial))))

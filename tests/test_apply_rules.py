@@ -905,6 +905,26 @@ def test_a_key_change_inherits_nothing_from_events_a_truncate_emptied(spark, set
     assert rows(spark, settings, ns) == {"3": (None, "5.00")}
 
 
+@pytest.mark.parametrize("merge_mode", ["auto", "merge-on-read"])
+def test_a_truncate_leaves_the_columns_a_key_change_awaits_from_its_late_delete_half(spark, settings, ns, merge_mode):
+    """Found by the property test (reference model), stop 58: the insert half
+    of a key change (2 -> 3) carrying its key alone is applied first; the
+    next batch brings a truncate older than the change, the old key's update
+    after the truncate and the delete half.  The truncate took the new key's
+    never-set columns for set before it, so the delete half could no longer
+    fill them: the new key lost the old key's name."""
+    delete_half, insert_half = _moved(2, 3, {}, pos=90)
+    batches = [
+        [insert_half, event("u", 3, {"amount": None}, pos=40)],
+        [_truncate(60), event("u", 2, {"name": "ü", "amount": None}, pos=80), delete_half],
+    ]
+    for b in batches:
+        r = apply_events(spark, settings, ns, b, merge_mode=merge_mode)
+        assert r.status == "complete", r.message
+    check_model(spark, settings, ns, batches)
+    assert rows(spark, settings, ns) == {"3": ("ü", None)}
+
+
 @pytest.mark.parametrize("case", ["small", "large", "user-set"])
 def test_a_small_batch_runs_unadaptive_on_one_partition_and_the_session_gets_its_conf_back(spark, settings, ns, monkeypatch, case):
     """Inside a batch of at most SMALL_BATCH_MESSAGES messages (seen by its GX

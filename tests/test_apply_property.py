@@ -14,6 +14,7 @@ key takes no event after its change (rule 3's documented limit).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import random
@@ -136,6 +137,20 @@ def _model_rows(events: list[ChangeEvent]) -> dict[tuple, dict]:
 
 MERGE_MODES = st.sampled_from(["auto", "merge-on-read"])
 """Each example's write mode: both MERGEs (rows rewritten, or position deletes) against the model."""
+EXECUTIONS = st.sampled_from(["interpreted", "generated code"])
+"""How Spark runs each example's batches: these small batches run interpreted
+(``spark_conf.SMALL_BATCH_CONF``); a batch past 10k messages, or into a table
+past 250k rows, runs generated code.  Both against the model."""
+
+
+def executed(settings, execution: str):
+    """``settings`` for a batch run ``execution``'s way: generated code as the
+    user's own keys, which a small batch leaves as they are."""
+    if execution == "interpreted":
+        return settings
+    from cdc_apply.runtime import spark_conf
+
+    return dataclasses.replace(settings, extra_spark_conf={**settings.extra_spark_conf, **spark_conf.CODEGEN_CONF})
 
 
 def stamp(batches: list[list[ChangeEvent]], ns: str) -> list[list[ChangeEvent]]:
@@ -168,32 +183,32 @@ def check(spark, settings, events, seed, nbatches, log_order, merge_mode="auto")
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(workloads(partial=False), MERGE_MODES)
-def test_full_rows_any_delivery_order(spark, settings, w, merge_mode):
-    check(spark, settings, *w, log_order=False, merge_mode=merge_mode)
+@given(workloads(partial=False), MERGE_MODES, EXECUTIONS)
+def test_full_rows_any_delivery_order(spark, settings, w, merge_mode, execution):
+    check(spark, executed(settings, execution), *w, log_order=False, merge_mode=merge_mode)
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(workloads(partial=True), MERGE_MODES)
-def test_partial_rows_any_delivery_order(spark, settings, w, merge_mode):
+@given(workloads(partial=True), MERGE_MODES, EXECUTIONS)
+def test_partial_rows_any_delivery_order(spark, settings, w, merge_mode, execution):
     """A late event fills the columns later partial events left out: the
     result is the same for every delivery order and batch split."""
-    check(spark, settings, *w, log_order=False, merge_mode=merge_mode)
+    check(spark, executed(settings, execution), *w, log_order=False, merge_mode=merge_mode)
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(workloads(partial=True, partial_moves=True), MERGE_MODES)
-def test_key_changes_inherit_what_they_leave_out(spark, settings, w, merge_mode):
-    check(spark, settings, *w, log_order=True, merge_mode=merge_mode)
+@given(workloads(partial=True, partial_moves=True), MERGE_MODES, EXECUTIONS)
+def test_key_changes_inherit_what_they_leave_out(spark, settings, w, merge_mode, execution):
+    check(spark, executed(settings, execution), *w, log_order=True, merge_mode=merge_mode)
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(workloads(partial=True, partial_moves=True, retire_moved=True), MERGE_MODES)
-def test_key_changes_inherit_in_any_delivery_order(spark, settings, w, merge_mode):
+@given(workloads(partial=True, partial_moves=True, retire_moved=True), MERGE_MODES, EXECUTIONS)
+def test_key_changes_inherit_in_any_delivery_order(spark, settings, w, merge_mode, execution):
     """The halves of a key change in different batches, either first, and the
     old key's earlier events arriving after the change: the new key still
     ends with the old key's values as of just before the change."""
-    check(spark, settings, *w, log_order=False, merge_mode=merge_mode)
+    check(spark, executed(settings, execution), *w, log_order=False, merge_mode=merge_mode)
 
 
 def _ev(op: str, key: int, pos: int, after: dict | None = None, *, moved: bool = False) -> ChangeEvent:
@@ -279,8 +294,8 @@ def late_full_images(draw):
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(late_full_images(), MERGE_MODES)
-def test_late_full_images_fill_only_what_later_partial_events_left_out(spark, settings, w, merge_mode):
+@given(late_full_images(), MERGE_MODES, EXECUTIONS)
+def test_late_full_images_fill_only_what_later_partial_events_left_out(spark, settings, w, merge_mode, execution):
     """A full row image delivered after later partial updates of its key (and
     after its later deletes) sets only the columns no later event set: the
     stored row keeps each column's newest value, a deleted key stays
@@ -295,6 +310,6 @@ def test_late_full_images_fill_only_what_later_partial_events_left_out(spark, se
     batches = stamp([partial, late], ns)
     for batch in batches:
         if batch:
-            result = apply_events(spark, settings, ns, batch, merge_mode=merge_mode)
+            result = apply_events(spark, executed(settings, execution), ns, batch, merge_mode=merge_mode)
             assert result.status == "complete", result.message
     assert _applied_rows(spark, settings, ns) == _model_rows([e for b in batches for e in b])

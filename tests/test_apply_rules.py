@@ -905,6 +905,11 @@ def test_a_key_change_inherits_nothing_from_events_a_truncate_emptied(spark, set
     assert rows(spark, settings, ns) == {"3": (None, "5.00")}
 
 
+def _classes_compiled(spark) -> int:
+    """How many classes Spark has generated and compiled in this JVM (its ``CodeGenerator`` metrics)."""
+    return spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
+
+
 @pytest.mark.parametrize("merge_mode", ["auto", "merge-on-read"])
 def test_a_truncate_leaves_the_columns_a_key_change_awaits_from_its_late_delete_half(spark, settings, ns, merge_mode):
     """Found by the property test (reference model), stop 58: the insert half
@@ -925,18 +930,20 @@ def test_a_truncate_leaves_the_columns_a_key_change_awaits_from_its_late_delete_
     assert rows(spark, settings, ns) == {"3": ("ü", None)}
 
 
-@pytest.mark.parametrize("case", ["small", "large", "user-set"])
+@pytest.mark.parametrize("case", ["small", "large", "user-set", "large-table"])
 def test_a_small_batch_runs_unadaptive_on_one_partition_and_the_session_gets_its_conf_back(spark, settings, ns, monkeypatch, case):
     """Inside a batch of at most SMALL_BATCH_MESSAGES messages (seen by its GX
     run, the last thing the batch does under it): adaptive execution off, one
-    shuffle partition; a larger batch and a key the user set keep the
-    session's values; after the batch the session has its own back."""
+    shuffle partition, no generated code but for a table past
+    INTERPRETED_TABLE_ROWS_MAX live rows; a larger batch and a
+    key the user set keep the session's values; after the batch the session
+    has its own back."""
     from cdc_apply.apply import gate
     from cdc_apply.runtime import spark_conf
 
-    keys = ("spark.sql.adaptive.enabled", "spark.sql.shuffle.partitions")
+    keys = ("spark.sql.adaptive.enabled", "spark.sql.shuffle.partitions", "spark.sql.codegen.wholeStage", "spark.sql.codegen.factoryMode")
     before = {k: spark.conf.get(k) for k in keys}
-    assert before == {"spark.sql.adaptive.enabled": "true", "spark.sql.shuffle.partitions": "8"}
+    assert before == dict(zip(keys, ("true", "8", "true", "FALLBACK"), strict=True))
     seen = []
     run_gx = gate.run_gx
 
@@ -947,6 +954,8 @@ def test_a_small_batch_runs_unadaptive_on_one_partition_and_the_session_gets_its
     monkeypatch.setattr(gate, "run_gx", watched)
     if case == "large":
         monkeypatch.setattr(spark_conf, "SMALL_BATCH_MESSAGES", 2)
+    if case == "large-table":  # a new table's 0 rows are past it
+        monkeypatch.setattr(spark_conf, "INTERPRETED_TABLE_ROWS_MAX", -1)
     if case == "user-set":
         settings = dataclasses.replace(settings, extra_spark_conf={**settings.extra_spark_conf, "spark.sql.shuffle.partitions": "8"})
     b = [event("c", i, {"name": f"n{i}", "amount": f"{i}.00"}, pos=i) for i in (1, 2, 3)] + [
@@ -955,13 +964,37 @@ def test_a_small_batch_runs_unadaptive_on_one_partition_and_the_session_gets_its
     r = apply_events(spark, settings, ns, b)
     assert r.status == "complete", r.message
     assert rows(spark, settings, ns) == {"1": ("m", "5.00"), "2": ("n2", "2.00"), "3": ("n3", "3.00")}
+    small = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1"}
+    interpreted = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
     expected = {
-        "small": {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1"},
+        "small": {**small, **interpreted},
         "large": before,
-        "user-set": {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "8"},
+        "user-set": {**small, "spark.sql.shuffle.partitions": "8", **interpreted},
+        "large-table": {**before, **small},
     }[case]
     assert seen == [expected]
     assert {k: spark.conf.get(k) for k in keys} == before
+
+
+def test_spark_generates_no_code_under_the_interpreted_conf(spark, settings):
+    """``INTERPRETED_CONF`` does what the small batches take it for: a query
+    new to the session compiles no class under it, and does under Spark's
+    defaults (``CODEGEN_CONF``).  Fails if a Spark version drops or renames
+    the keys (an unknown key is set without a word)."""
+    import uuid
+
+    from cdc_apply.runtime import spark_conf
+
+    def compiled_by_a_new_query() -> int:
+        tag = uuid.uuid4().int % 1_000_000  # a literal of its own: no generated class cached for it
+        before = _classes_compiled(spark)
+        spark.range(50).selectExpr(f"id * {tag} + 7 AS x", "id").where(f"x % 3 = {tag % 3}").collect()
+        return _classes_compiled(spark) - before
+
+    with spark_conf.scoped_conf(spark, settings, spark_conf.INTERPRETED_CONF):
+        assert compiled_by_a_new_query() == 0
+    with spark_conf.scoped_conf(spark, settings, spark_conf.CODEGEN_CONF):
+        assert compiled_by_a_new_query() > 0
 
 
 def _sql_executions(spark, *, plans: bool = False) -> list[dict]:

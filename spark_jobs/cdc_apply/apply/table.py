@@ -140,18 +140,22 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
         truncs = {"p": meta["max_truncate"], "n": meta["truncates"], "ts": meta["max_commit_ts"]}
     watermark = work.source_state.setdefault(TRUNCATES_KEY, {}).get(_table_key(meta))
     truncated_at = max([p for p in (truncs["p"], led.truncated_at if led else None, watermark) if p], default=None)
-    # the change log's append runs beside the labelling: it must commit before the table's MERGE
-    log_write = Background(spark, lambda: _write_changelog(work, spec, ev, new_files, tr), "changelog") if work.source.changelog else None
-    try:
-        if work.source.lookup(work.source.history, meta["database"], meta["schema_name"], meta["table_name"]):
+    live_rows = tables.recorded_live_rows(tables.table_properties(spark, spec.identifier)) if exists else 0
+    with spark_conf.table_conf(spark, work.settings, live_rows):
+        # the change log's append runs beside the labelling: it must commit before the table's MERGE
+        log_write = (
+            Background(spark, lambda: _write_changelog(work, spec, ev, new_files, tr), "changelog") if work.source.changelog else None
+        )
+        try:
+            if work.source.lookup(work.source.history, meta["database"], meta["schema_name"], meta["table_name"]):
+                if log_write:
+                    log_write.result()
+                with _phase(spark, tr, "history"):
+                    tr.history, tr.history_snapshot = history.write(work, spec, new_files, tr.changelog_snapshot, watermark) or (None, None)
+            _write(work, spec, ev.where("op <> 't'"), meta, truncs, truncated_at, new_files, tr, led, log_write)
+        finally:
             if log_write:
-                log_write.result()
-            with _phase(spark, tr, "history"):
-                tr.history, tr.history_snapshot = history.write(work, spec, new_files, tr.changelog_snapshot, watermark) or (None, None)
-        _write(work, spec, ev.where("op <> 't'"), meta, truncs, truncated_at, new_files, tr, led, log_write)
-    finally:
-        if log_write:
-            log_write.wait()
+                log_write.wait()
     log.info("%s: written (%s)", spec.identifier, tr.describe_seconds())
 
 

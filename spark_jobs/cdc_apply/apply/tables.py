@@ -289,6 +289,13 @@ def counted_live_rows(properties: dict[str, str], snapshot_id: int | None) -> in
     return int(n) if snapshot_id is not None and snapshot == str(snapshot_id) and n.isdigit() else None
 
 
+def recorded_live_rows(properties: dict[str, str]) -> int | None:
+    """The live rows the last reconciliation counted (:data:`LIVE_ROWS_PROPERTY`),
+    of whichever snapshot: the table's size, for a choice of how to run."""
+    n = properties.get(LIVE_ROWS_PROPERTY, "").partition(":")[2]
+    return int(n) if n.isdigit() else None
+
+
 def record_live_rows(spark: SparkSession, identifier: str, snapshot_id: int, n: int) -> None:
     """Keep a counted ``n`` live rows of ``snapshot_id`` for the next batch
     (a metadata-only commit: table properties, no snapshot)."""

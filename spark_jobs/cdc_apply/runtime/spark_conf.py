@@ -62,7 +62,26 @@ def session_defaults(settings: Settings) -> dict[str, str]:
 
 SMALL_BATCH_MESSAGES = 10_000
 """A batch of at most this many messages runs as a small batch (``small_batch_conf``)."""
-SMALL_BATCH_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1"}
+INTERPRETED_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+"""Spark evaluates the plan's operators and expressions as they are, without
+generating Java for them.  A small batch's rows are too few to repay the code:
+each batch's queries had Spark generate and compile ~160 classes (Janino), and
+the JVM's JIT then compiles their methods and the compiler's own: the JIT took
+about half of a warm small batch's CPU.  Interpreted, a warm 2k-event batch
+took 6.25 s against 8.60 s, a 10k-event one 7.27 s against 9.81 s (medians of
+five, bench/README step 31).  ``factoryMode`` is an internal key (Spark's own
+tests run every expression both ways with it); its interpreted path is the
+one Spark falls back to when generated code does not compile."""
+SMALL_BATCH_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1", **INTERPRETED_CONF}
+CODEGEN_CONF = {"spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
+"""Spark's defaults for the keys of ``INTERPRETED_CONF``: generated code."""
+INTERPRETED_TABLE_ROWS_MAX = 250_000
+"""A small batch applies a table of at most this many live rows interpreted
+(``table_conf``).  Past it the table's own rows dominate the work: the
+labelling, the MERGE and the reconciliation scan and join each of them, and
+interpreted that costs more than generating the code.  A warm 2k-event batch
+into 100k rows: 7.11 s interpreted against 8.85 s; into 1M rows: 11.99 s
+against 10.40 s (medians, bench/README step 31)."""
 
 
 @contextlib.contextmanager
@@ -92,7 +111,8 @@ def restore(spark: SparkSession, saved: dict[str, str | None]) -> None:
 @contextlib.contextmanager
 def small_batch_conf(spark: SparkSession, settings: Settings, messages: int) -> Iterator[None]:
     """Run a batch of at most ``SMALL_BATCH_MESSAGES`` messages without
-    adaptive execution, on one shuffle partition (``scoped_conf``).
+    adaptive execution, on one shuffle partition, and without generated code
+    (``INTERPRETED_CONF``), in ``scoped_conf``.
 
     Why: adaptive execution runs each shuffle stage as a Spark job of its own
     and plans again between them; a 20-event batch ran 50 jobs, which is
@@ -101,6 +121,19 @@ def small_batch_conf(spark: SparkSession, settings: Settings, messages: int) -> 
     shuffled (the labelling and the reconciliation broadcast the batch's keys;
     the MERGE broadcasts the batch's net changes: ``merge_conf``)."""
     with scoped_conf(spark, settings, SMALL_BATCH_CONF if messages <= SMALL_BATCH_MESSAGES else {}):
+        yield
+
+
+@contextlib.contextmanager
+def table_conf(spark: SparkSession, settings: Settings, live_rows: int | None) -> Iterator[None]:
+    """A table's apply inside a small batch (``small_batch_conf``) with
+    generated code back on when the table holds more than
+    ``INTERPRETED_TABLE_ROWS_MAX`` live rows, or an unknown number (None):
+    interpreted, its scans and joins would cost more than the code saves.
+    Outside a small batch, or under the user's own keys, nothing changes."""
+    interpreted = all(spark.conf.get(k, None) == v for k, v in INTERPRETED_CONF.items())
+    large = live_rows is None or live_rows > INTERPRETED_TABLE_ROWS_MAX
+    with scoped_conf(spark, settings, CODEGEN_CONF if interpreted and large else {}):
         yield
 
 

@@ -140,8 +140,8 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
         truncs = {"p": meta["max_truncate"], "n": meta["truncates"], "ts": meta["max_commit_ts"]}
     watermark = work.source_state.setdefault(TRUNCATES_KEY, {}).get(_table_key(meta))
     truncated_at = max([p for p in (truncs["p"], led.truncated_at if led else None, watermark) if p], default=None)
-    live_rows = tables.recorded_live_rows(tables.table_properties(spark, spec.identifier)) if exists else 0
-    with spark_conf.table_conf(spark, work.settings, live_rows):
+    properties = tables.table_properties(spark, spec.identifier)  # as created or evolved above
+    with spark_conf.table_conf(spark, work.settings, tables.recorded_live_rows(properties) if exists else 0):
         # the change log's append runs beside the labelling: it must commit before the table's MERGE
         log_write = (
             Background(spark, lambda: _write_changelog(work, spec, ev, new_files, tr), "changelog") if work.source.changelog else None
@@ -152,7 +152,7 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
                     log_write.result()
                 with _phase(spark, tr, "history"):
                     tr.history, tr.history_snapshot = history.write(work, spec, new_files, tr.changelog_snapshot, watermark) or (None, None)
-            _write(work, spec, ev.where("op <> 't'"), meta, truncs, truncated_at, new_files, tr, led, log_write)
+            _write(work, spec, ev.where("op <> 't'"), meta, properties, truncs, truncated_at, new_files, tr, led, log_write)
         finally:
             if log_write:
                 log_write.wait()
@@ -210,6 +210,7 @@ def _write(
     spec: tables.TableSpec,
     rows: DataFrame,
     meta: Any,
+    properties: dict[str, str],
     truncs: Any,
     truncated_at: str | None,
     new_files: list[ArchiveFile],
@@ -218,7 +219,8 @@ def _write(
     log_write: Background[None] | None = None,
 ) -> None:
     """Order, label and fold the row events; MERGE them onto a fresh audit
-    branch with the ledger properties; reconcile.  ``log_write``: the change
+    branch with the ledger properties; reconcile.  ``properties``: the
+    table's, as ``_apply`` read them.  ``log_write``: the change
     log's append, waited for before the MERGE (a failed one fails the table
     before it is written).  Long because the net changes are persisted for
     exactly this span."""
@@ -248,7 +250,6 @@ def _write(
     state = branches.read_branch(spark, spec, branch).select(
         *[compact.quote(k) for k in spec.key_columns], "_cdc_position", "_cdc_deleted", "_cdc_col_pos"
     )
-    properties = tables.table_properties(spark, spec.identifier)
     # the live rows as the last batch's reconciliation counted them, when this batch starts from its snapshot
     base_live = None if truncs["n"] else tables.counted_live_rows(properties, start_snapshot)
     if base_live is None:

@@ -285,8 +285,8 @@ def mark_partial_rows(spark: SparkSession, identifier: str, properties: dict[str
 def counted_live_rows(properties: dict[str, str], snapshot_id: int | None) -> int | None:
     """The live rows of ``snapshot_id`` as the last reconciliation counted them
     (:data:`LIVE_ROWS_PROPERTY`); None when it counted another snapshot."""
-    snapshot, _, n = properties.get(LIVE_ROWS_PROPERTY, "").partition(":")
-    return int(n) if snapshot_id is not None and snapshot == str(snapshot_id) and n.isdigit() else None
+    counted_snapshot = properties.get(LIVE_ROWS_PROPERTY, "").partition(":")[0]
+    return recorded_live_rows(properties) if snapshot_id is not None and counted_snapshot == str(snapshot_id) else None
 
 
 def recorded_live_rows(properties: dict[str, str]) -> int | None:

@@ -46,6 +46,7 @@ from typing import Any
 import orjson
 
 from cdc_apply.config import Settings
+from cdc_apply.runtime.session import JOB_DESCRIPTION
 from cdc_apply.runtime.submit import spark_submit_bin, submit_spec
 
 from . import workload as wl
@@ -138,7 +139,7 @@ def _job_group(spark, group: str) -> None:
     (so the UI keeps each statement's own description and call site)."""
     sc = spark.sparkContext
     sc.setLocalProperty("spark.jobGroup.id", group)
-    sc.setLocalProperty("spark.job.description", None)
+    sc.setLocalProperty(JOB_DESCRIPTION, None)
 
 
 def project_apply(spark, settings, source: str, paths: list[str], *, profile_to: Path | None = None) -> dict[str, Any]:

@@ -26,6 +26,14 @@ def cdc(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(VENV_BIN / "cdc"), *args], env=env, capture_output=True, text=True, timeout=300)
 
 
+SLOTS_PROBE = """import sys
+from pyspark.sql import SparkSession
+from cdc_apply.decode.stage import planned_range_splits, range_partitions
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+print(planned_range_splits(spark), range_partitions(spark))
+"""
+
+
 def test_jobs_run_on_a_spark_connect_server(tmp_path, monkeypatch):
     from cdc_apply.config import Settings
     from cdc_apply.demo import write_demo_archive
@@ -45,6 +53,11 @@ def test_jobs_run_on_a_spark_connect_server(tmp_path, monkeypatch):
         # the batch's ledger rode on the MERGE's snapshot (session conf of the Connect session)
         summary = table.current_snapshot().summary
         assert summary["cdc.batch-id"].startswith("pg_inventory_") and len(json.loads(summary["cdc.files"])) == 3, summary
+        # the decode's task slots, read from the server's plan of a range (no Spark job), are the
+        # partitions a range runs in
+        slots = subprocess.run([str(VENV_BIN / "python"), "-c", SLOTS_PROBE, url], env=client, capture_output=True, text=True, timeout=120)
+        planned, counted = slots.stdout.split()[-2:]
+        assert planned == counted and int(counted) >= 1, slots.stdout + slots.stderr[-2000:]
         again = cdc(client, "apply", "--source", "pg_inventory", "--result-file", str(result))
         assert again.returncode == 0 and json.loads(result.read_text())["status"] == "nothing-to-do", again.stderr[-3000:]
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cdc_apply.apply import catalog_reads
 from cdc_apply.config import Settings
 from cdc_apply.errors import AlreadyAppliedFileChanged, CdcError
 from cdc_apply.status import Status
@@ -347,6 +348,8 @@ class Ledger:
             if self.settings.sqlite_path is not None:
                 self.settings.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
             self._catalog = load_catalog(self.settings.catalog_name, **self.settings.pyiceberg_properties())
+            # the batch's metadata reads go through it too (apply.catalog_reads)
+            catalog_reads.register(self.settings.catalog_name, self.settings.catalog_uri, self.settings.warehouse, self._catalog)
         return self._catalog
 
     @property

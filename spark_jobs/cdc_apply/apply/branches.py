@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pyspark.sql import DataFrame, SparkSession
 
 from cdc_apply import ledger
+from cdc_apply.apply import catalog_reads
 from cdc_apply.apply.compact import sql_string
 from cdc_apply.apply.maintenance_lock import MAINTENANCE_BRANCH, recover_stale_lock
 from cdc_apply.apply.tables import TableSpec
@@ -61,6 +62,9 @@ def reset_branch(spark: SparkSession, spec: TableSpec, branch: str) -> int | Non
 
 def _branch_heads(spark: SparkSession, spec: TableSpec, names: tuple[str, ...]) -> dict[str, int | None]:
     """Head snapshot per named ref that exists (a branch of an empty table has none)."""
+    table = catalog_reads.load_table(spark, spec.identifier)
+    if table is not None:
+        return {n: ref.snapshot_id for n, ref in table.metadata.refs.items() if n in names}
     wanted = ", ".join(sql_string(n) for n in names)
     rows = spark.sql(f"SELECT name, snapshot_id FROM {spec.identifier}.refs WHERE name IN ({wanted})").collect()
     return {r["name"]: r["snapshot_id"] for r in rows}
@@ -80,6 +84,20 @@ def ledger_commit(spark: SparkSession, spec: TableSpec, branch: str) -> None:
     spark.table(spec.identifier).limit(0).writeTo(branch_ref(spec, branch)).append()
 
 
+def _head_and_attempts(
+    spark: SparkSession, spec: TableSpec, branch: str
+) -> tuple[int | None, dict[int | None, tuple[int | None, str | None]]]:
+    """The branch's head, and per snapshot of the table its parent and the
+    attempt id that wrote it: one read of the table's metadata."""
+    table = catalog_reads.load_table(spark, spec.identifier)
+    if table is not None:
+        ref = table.metadata.refs.get(branch)
+        summaries = catalog_reads.snapshot_summaries(table)
+        return ref.snapshot_id if ref is not None else None, {k: (parent, s.get(ATTEMPT_PROPERTY)) for k, (parent, s) in summaries.items()}
+    query = f"SELECT snapshot_id, parent_id, summary['{ATTEMPT_PROPERTY}'] AS a FROM {spec.identifier}.snapshots"
+    return branch_snapshot(spark, spec, branch), {r["snapshot_id"]: (r["parent_id"], r["a"]) for r in spark.sql(query).collect()}
+
+
 def own_head(spark: SparkSession, spec: TableSpec, branch: str, attempt: str, batch_id: str, start: int | None) -> int:
     """The branch head, checked to be this run's own commit and every commit
     between it and ``start`` (the branch as this run created it) too (their
@@ -87,11 +105,7 @@ def own_head(spark: SparkSession, spec: TableSpec, branch: str, attempt: str, ba
     reset the branch or committed in between.  The append of new keys
     (merge.append_new_keys) validates nothing at commit, so a run whose
     append landed on another run's commits fails here."""
-    head = branch_snapshot(spark, spec, branch)
-    snaps = {
-        r["snapshot_id"]: (r["parent_id"], r["a"])
-        for r in spark.sql(f"SELECT snapshot_id, parent_id, summary['{ATTEMPT_PROPERTY}'] AS a FROM {spec.identifier}.snapshots").collect()
-    }
+    head, snaps = _head_and_attempts(spark, spec, branch)
     own, at = head is not None and head != start, head
     while own and at != start:
         parent, a = snaps.get(at, (None, None))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
+from cdc_apply.apply import catalog_reads
 from cdc_apply.apply.compact import quote, sql_string
 from cdc_apply.config import validate_identifier
 from cdc_apply.errors import ConfigError, SchemaIncompatible
@@ -182,11 +183,17 @@ def resolve_columns(declared: list[list[tuple[str, str]]], table: str) -> tuple[
 
 
 def namespace_exists(spark: SparkSession, namespace: str) -> bool:
+    pyiceberg, name = catalog_reads.catalog_for(spark, namespace)
+    if pyiceberg is not None:
+        return bool(pyiceberg.namespace_exists(name))
     catalog, ns = namespace.split(".")
     return bool(spark.sql(f"SHOW NAMESPACES IN {catalog} LIKE '{ns}'").collect())
 
 
 def table_exists(spark: SparkSession, identifier: str) -> bool:
+    pyiceberg, name = catalog_reads.catalog_for(spark, identifier)
+    if pyiceberg is not None:
+        return bool(pyiceberg.table_exists(name))
     catalog, ns, table = identifier.split(".")
     if not namespace_exists(spark, f"{catalog}.{ns}"):
         return False
@@ -250,6 +257,11 @@ def refresh_live_view(spark: SparkSession, spec: TableSpec) -> None:
 
 
 def table_properties(spark: SparkSession, identifier: str) -> dict[str, str]:
+    """The table's own properties (Iceberg's ``properties``: Spark adds a few
+    reserved ones, e.g. ``format``, that no caller reads)."""
+    table = catalog_reads.load_table(spark, identifier)
+    if table is not None:
+        return dict(table.properties)
     return {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
 
 

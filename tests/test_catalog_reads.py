@@ -1,0 +1,126 @@
+"""A table's metadata read through pyiceberg (apply/catalog_reads) says what
+Spark's own metadata (SHOW TBLPROPERTIES, the ``refs`` and ``snapshots``
+tables, SHOW TABLES / NAMESPACES) says of the same table: each read is made
+both ways on a real Iceberg table written by Spark."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdc_apply import ledger
+from cdc_apply.apply import branches, catalog_reads, tables
+from cdc_apply.errors import ConcurrentApply
+
+NS = "catalog_reads"
+
+
+@pytest.fixture(scope="module")
+def table(spark, settings):
+    """A table with properties, a main snapshot and an audit branch with two
+    commits of one attempt on top of main; its TableSpec and the branch's start."""
+    ledger.Ledger(settings).catalog  # noqa: B018  opens (and registers) the pyiceberg catalog
+    ident = f"{settings.catalog_name}.{NS}.items"
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog_name}.{NS}")
+    spark.sql(
+        f"CREATE TABLE {ident} (id int, v string) USING iceberg TBLPROPERTIES ('format-version'='2', 'cdc.x'='1', 'write.merge.mode'='merge-on-read')"
+    )
+    spark.sql(f"INSERT INTO {ident} VALUES (1, 'a')")
+    spec = tables.TableSpec(ident, f"{NS}.items", ["id"], {"id": "int", "v": "string"})
+    start = branches.reset_branch(spark, spec, "audit_x")
+    for n in (2, 3):
+        with branches.snapshot_properties(spark, {branches.ATTEMPT_PROPERTY: "attempt-1"}):
+            spark.createDataFrame([(n, "b")], "id int, v string").writeTo(branches.branch_ref(spec, "audit_x")).append()
+    return spec, start
+
+
+def both_ways(monkeypatch, read):
+    """``read()`` through pyiceberg, then through Spark (no catalog registered)."""
+    via_pyiceberg = read()
+    with monkeypatch.context() as m:
+        m.setattr(catalog_reads, "_CATALOGS", {})
+        via_spark = read()
+    return via_pyiceberg, via_spark
+
+
+def test_the_batch_catalog_is_found_from_the_sessions_conf(spark, table):
+    spec, _ = table
+    assert catalog_reads.catalog_for(spark, spec.identifier)[0] is not None, "the ledger's catalog must serve the session's reads"
+
+
+def test_a_catalog_of_another_warehouse_is_not_used(spark, settings, table, monkeypatch):
+    spec, _ = table
+    other = ledger.Ledger(settings).catalog
+    monkeypatch.setattr(catalog_reads, "_CATALOGS", {})
+    catalog_reads.register(settings.catalog_name, settings.catalog_uri, "file:///another/home/warehouse", other)
+    assert catalog_reads.catalog_for(spark, spec.identifier)[0] is None
+
+
+def test_properties_are_the_tables_own(spark, table, monkeypatch):
+    spec, _ = table
+    got, spark_says = both_ways(monkeypatch, lambda: tables.table_properties(spark, spec.identifier))
+    assert got["cdc.x"] == "1" and got["write.merge.mode"] == "merge-on-read"
+    shown = {k: v for k, v in got.items() if k != "owner"}  # Spark hides its reserved owner property
+    assert {k: spark_says[k] for k in shown} == shown
+    assert {k for k in spark_says if k.startswith(("cdc.", "write."))} == {k for k in got if k.startswith(("cdc.", "write."))}
+
+
+def test_branch_heads_match_the_refs_table(spark, table, monkeypatch):
+    spec, _ = table
+    names = ("audit_x", "main", "no_such_branch")
+    got, spark_says = both_ways(monkeypatch, lambda: branches._branch_heads(spark, spec, names))
+    assert got == spark_says and set(got) == {"audit_x", "main"} and got["audit_x"] != got["main"]
+
+
+def test_own_head_walks_the_same_snapshots(spark, table, monkeypatch):
+    spec, start = table
+    got, spark_says = both_ways(monkeypatch, lambda: branches.own_head(spark, spec, "audit_x", "attempt-1", "b1", start))
+    assert got == spark_says == branches._branch_heads(spark, spec, ("audit_x",))["audit_x"]
+    for read in (lambda: branches.own_head(spark, spec, "audit_x", "attempt-2", "b1", start),):
+        with pytest.raises(ConcurrentApply):
+            read()
+        with monkeypatch.context() as m, pytest.raises(ConcurrentApply):
+            m.setattr(catalog_reads, "_CATALOGS", {})
+            read()
+
+
+@pytest.mark.parametrize(
+    "what, name, expected",
+    [
+        ("table", "items", True),
+        ("table", "no_such_table", False),
+        ("namespace", None, True),
+        ("missing namespace", None, False),
+    ],
+)
+def test_existence_agrees(spark, settings, table, monkeypatch, what, name, expected):
+    cat = settings.catalog_name
+    if what == "table":
+        read = lambda: tables.table_exists(spark, f"{cat}.{NS}.{name}")  # noqa: E731
+    elif what == "namespace":
+        read = lambda: tables.namespace_exists(spark, f"{cat}.{NS}")  # noqa: E731
+    else:
+        read = lambda: tables.table_exists(spark, f"{cat}.no_such_ns.items")  # noqa: E731
+    assert both_ways(monkeypatch, read) == (expected, expected)
+
+
+@pytest.mark.parametrize(
+    "identifier, parts",
+    [
+        ("lake.ns.t", ["lake", "ns", "t"]),
+        ("lake.`rebuild_pg`.`customers`", ["lake", "rebuild_pg", "customers"]),
+        ("`lake`.`a.b`.`x``y`", ["lake", "a.b", "x`y"]),
+        ("lake.ns.", None),
+        ("lake.`ns", None),
+        ("lake.`ns`x", None),
+    ],
+)
+def test_spark_names_are_split_as_spark_reads_them(identifier, parts):
+    assert catalog_reads.split_identifier(identifier) == parts
+
+
+def test_a_quoted_name_reads_the_same_table(spark, settings, table):
+    spec, _ = table
+    quoted = f"{settings.catalog_name}.`{NS}`.`items`"
+    assert catalog_reads.catalog_for(spark, quoted)[1] == (NS, "items")
+    assert tables.table_properties(spark, quoted) == tables.table_properties(spark, spec.identifier)
+    assert tables.table_exists(spark, quoted)

@@ -18,7 +18,7 @@ NS = "catalog_reads"
 def table(spark, settings):
     """A table with properties, a main snapshot and an audit branch with two
     commits of one attempt on top of main; its TableSpec and the branch's start."""
-    ledger.Ledger(settings).catalog  # noqa: B018  opens (and registers) the pyiceberg catalog
+    ledger.Ledger(settings).catalog  # noqa: B018  opens the pyiceberg catalog (ledger.OPENED_CATALOGS)
     ident = f"{settings.catalog_name}.{NS}.items"
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog_name}.{NS}")
     spark.sql(
@@ -37,7 +37,7 @@ def both_ways(monkeypatch, read):
     """``read()`` through pyiceberg, then through Spark (no catalog registered)."""
     via_pyiceberg = read()
     with monkeypatch.context() as m:
-        m.setattr(catalog_reads, "_CATALOGS", {})
+        m.setattr(ledger, "OPENED_CATALOGS", {})
         via_spark = read()
     return via_pyiceberg, via_spark
 
@@ -50,8 +50,7 @@ def test_the_batch_catalog_is_found_from_the_sessions_conf(spark, table):
 def test_a_catalog_of_another_warehouse_is_not_used(spark, settings, table, monkeypatch):
     spec, _ = table
     other = ledger.Ledger(settings).catalog
-    monkeypatch.setattr(catalog_reads, "_CATALOGS", {})
-    catalog_reads.register(settings.catalog_name, settings.catalog_uri, "file:///another/home/warehouse", other)
+    monkeypatch.setattr(ledger, "OPENED_CATALOGS", {(settings.catalog_name, settings.catalog_uri, "file:///another/home/warehouse"): other})
     assert catalog_reads.catalog_for(spark, spec.identifier)[0] is None
 
 
@@ -79,7 +78,7 @@ def test_own_head_walks_the_same_snapshots(spark, table, monkeypatch):
         with pytest.raises(ConcurrentApply):
             read()
         with monkeypatch.context() as m, pytest.raises(ConcurrentApply):
-            m.setattr(catalog_reads, "_CATALOGS", {})
+            m.setattr(ledger, "OPENED_CATALOGS", {})
             read()
 
 

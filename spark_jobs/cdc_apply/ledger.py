@@ -23,7 +23,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cdc_apply.apply import catalog_reads
 from cdc_apply.config import Settings
 from cdc_apply.errors import AlreadyAppliedFileChanged, CdcError
 from cdc_apply.status import Status
@@ -331,6 +330,18 @@ class DecoderStateAhead:
         return self._got.get("types")
 
 
+OPENED_CATALOGS: dict[tuple[str, str | None, str | None], Catalog] = {}
+"""The catalogs ledgers of this process opened, by the Spark catalog each
+mirrors (name, URI, warehouse): ``apply.catalog_reads`` reads a batch's table
+metadata through them instead of Spark queries."""
+_OPENED_LOCK = threading.Lock()
+
+
+def opened_catalog(name: str, uri: str | None, warehouse: str | None) -> Catalog | None:
+    with _OPENED_LOCK:
+        return OPENED_CATALOGS.get((name, uri, warehouse))
+
+
 class Ledger:
     """The ledger of one catalog, read and written with pyiceberg (no Spark:
     discovery and publish run without a JVM).  It holds its catalog, loaded
@@ -348,8 +359,8 @@ class Ledger:
             if self.settings.sqlite_path is not None:
                 self.settings.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
             self._catalog = load_catalog(self.settings.catalog_name, **self.settings.pyiceberg_properties())
-            # the batch's metadata reads go through it too (apply.catalog_reads)
-            catalog_reads.register(self.settings.catalog_name, self.settings.catalog_uri, self.settings.warehouse, self._catalog)
+            with _OPENED_LOCK:  # the batch's metadata reads go through it too (apply.catalog_reads)
+                OPENED_CATALOGS[(self.settings.catalog_name, self.settings.catalog_uri, self.settings.warehouse)] = self._catalog
         return self._catalog
 
     @property

@@ -9,8 +9,8 @@ each is a round trip too (bench/README.md, issue 20 step 33).  Through
 pyiceberg a read is a catalog lookup and one metadata file, a few ms.
 
 The batch opens the ledger's pyiceberg catalog anyway (``ledger.Ledger``),
-which registers it here under the Spark catalog it mirrors (name, URI,
-warehouse).  A read looks the catalog up by what the *session's* conf says of
+which keeps it under the Spark catalog it mirrors (name, URI, warehouse:
+``ledger.OPENED_CATALOGS``).  A read looks the catalog up by what the *session's* conf says of
 that catalog, so a process whose sessions change catalogs (the tests) never
 reads another home's catalog.  Without a registered catalog (a Spark session
 alone, e.g. table maintenance) the callers read through Spark as before.
@@ -23,33 +23,24 @@ than the other.
 from __future__ import annotations
 
 import re
-import threading
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the ledger imports this module where no Spark runs (discovery, publish)
+from cdc_apply import ledger
+
+if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyspark.sql import SparkSession
-
-_CATALOGS: dict[tuple[str, str | None, str | None], Catalog] = {}
-_LOCK = threading.Lock()
-
-
-def register(name: str, uri: str | None, warehouse: str | None, catalog: Catalog) -> None:
-    """The pyiceberg catalog that mirrors Spark catalog ``name`` at ``uri`` / ``warehouse``."""
-    with _LOCK:
-        _CATALOGS[(name, uri, warehouse)] = catalog
 
 
 def catalog_for(spark: SparkSession, identifier: str) -> tuple[Catalog | None, tuple[str, ...]]:
     """The registered pyiceberg catalog of ``identifier``'s Spark catalog in
     this session (None: read through Spark), and the name's parts within it."""
     parts = split_identifier(identifier)
-    if not _CATALOGS or parts is None or len(parts) < 2:
+    if not ledger.OPENED_CATALOGS or parts is None or len(parts) < 2:
         return None, ()
     prefix = f"spark.sql.catalog.{parts[0]}"
-    key = (parts[0], spark.conf.get(f"{prefix}.uri", None), spark.conf.get(f"{prefix}.warehouse", None))
-    with _LOCK:
-        return _CATALOGS.get(key), tuple(parts[1:])
+    uri, warehouse = spark.conf.get(f"{prefix}.uri", None), spark.conf.get(f"{prefix}.warehouse", None)
+    return ledger.opened_catalog(parts[0], uri, warehouse), tuple(parts[1:])
 
 
 _PART = re.compile(r"`((?:[^`]|``)*)`|([^.`]+)")

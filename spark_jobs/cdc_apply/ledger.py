@@ -137,7 +137,8 @@ def publish_tag(branch: str) -> str:
 # -- pure: summaries, fingerprints ---------------------------------------------
 
 
-def _summary_dict(snapshot: Snapshot) -> dict[str, str]:
+def summary_dict(snapshot: Snapshot) -> dict[str, str]:
+    """A snapshot's summary properties as a plain dict (none: empty)."""
     summary = snapshot.summary
     if summary is None:
         return {}
@@ -386,7 +387,7 @@ class Ledger:
         if current is None:
             return TableLedger()
         chain = list(ancestors_of(current, table.metadata))
-        led = ledger_from_summaries([_summary_dict(s) for s in reversed(chain)])
+        led = ledger_from_summaries([summary_dict(s) for s in reversed(chain)])
         led.snapshot_id = current.snapshot_id
         return led
 
@@ -444,7 +445,7 @@ class Ledger:
         if current is None:
             return None
         for snap in ancestors_of(current, table.metadata):
-            if _summary_dict(snap).get(PREFIX + "batch-id") == batch_id:
+            if summary_dict(snap).get(PREFIX + "batch-id") == batch_id:
                 return snap.snapshot_id
         return None
 

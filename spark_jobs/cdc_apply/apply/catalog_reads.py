@@ -12,7 +12,7 @@ The batch opens the ledger's pyiceberg catalog anyway (``ledger.Ledger``),
 which keeps it under the Spark catalog it mirrors (name, URI, warehouse:
 ``ledger.OPENED_CATALOGS``).  A read looks the catalog up by what the *session's* conf says of
 that catalog, so a process whose sessions change catalogs (the tests) never
-reads another home's catalog.  Without a registered catalog (a Spark session
+reads another home's catalog.  Without an opened catalog (a Spark session
 alone, e.g. table maintenance) the callers read through Spark as before.
 
 Both read the same committed metadata: Spark's catalog runs without a table
@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 
 
 def catalog_for(spark: SparkSession, identifier: str) -> tuple[Catalog | None, tuple[str, ...]]:
-    """The registered pyiceberg catalog of ``identifier``'s Spark catalog in
-    this session (None: read through Spark), and the name's parts within it."""
+    """The pyiceberg catalog the ledger opened for ``identifier``'s Spark
+    catalog in this session (None: read through Spark), and the name's parts
+    within it."""
     parts = split_identifier(identifier)
     if not ledger.OPENED_CATALOGS or parts is None or len(parts) < 2:
         return None, ()
@@ -63,14 +64,11 @@ def split_identifier(identifier: str) -> list[str] | None:
 
 
 def load_table(spark: SparkSession, identifier: str) -> Any | None:
-    """The table's current metadata through pyiceberg (None: no catalog registered)."""
+    """The table's current metadata through pyiceberg (None: the ledger opened no catalog for it)."""
     catalog, name = catalog_for(spark, identifier)
     return catalog.load_table(name) if catalog is not None else None
 
 
 def snapshot_summaries(table: Any) -> dict[int, tuple[int | None, dict[str, str]]]:
     """Snapshot id -> (parent id, summary properties) of a pyiceberg table."""
-    return {
-        s.snapshot_id: (s.parent_snapshot_id, dict(s.summary.additional_properties) if s.summary is not None else {})
-        for s in table.metadata.snapshots
-    }
+    return {s.snapshot_id: (s.parent_snapshot_id, ledger.summary_dict(s)) for s in table.metadata.snapshots}

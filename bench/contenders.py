@@ -542,7 +542,7 @@ def decode_stage(spark, paths: list[str], runs: int) -> dict[str, Any]:
         for mode in ("exact", "fast"):
             ctx = DecodeContext(source="bench", primary_keys={wl.TABLE: ["id"]}, options={"decode": mode})
             t = time.perf_counter()
-            df, _ = decode_batch(spark, files, "debezium_postgres", ctx)
+            df = decode_batch(spark, files, "debezium_postgres", ctx).frame
             df = df.persist()
             rows = df.count()
             seconds[mode].append(time.perf_counter() - t)

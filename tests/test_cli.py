@@ -166,6 +166,7 @@ def test_files_cut_into_pieces_apply_exactly_like_whole_files(spark, settings, t
     assert cli.main(["apply", "--source", "whole", "--dir", str(folder)]) == 0
     whole = json.loads(capsys.readouterr().out)
     monkeypatch.setattr(decode_stage, "PIECE_MIN_BYTES", 1_000)
+    monkeypatch.setattr(decode_stage, "LOCAL_DECODE_BYTES", -1)  # by Spark's tasks, which take pieces
     sizes = [(str(p), p.stat().st_size) for p in sorted(folder.rglob("*.jsonl"))]
     assert len(decode_stage.decode_units(sizes, 2)) > 2 * len(sizes)  # really cut
     assert cli.main(["apply", "--source", "cut", "--dir", str(folder)]) == 0

@@ -47,6 +47,12 @@ FORMATS = {
 }
 
 
+DECODES = st.sampled_from(["here", "spark tasks"])
+"""Where each example's batches are decoded: these small ones in the
+driver's Python (``stage.decode_here``), a batch past
+``stage.LOCAL_DECODE_BYTES`` by Spark's Python tasks.  Both against the model."""
+
+
 def writer(fmt):
     try:
         return importlib.import_module(f"tests.formats.{FORMATS[fmt][0]}")
@@ -164,8 +170,15 @@ def test_format_applies_like_the_model(fmt, spark, settings, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"src_{fmt}")
 
     @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-    @given(workload(fmt))
-    def check(w):
-        run_format(fmt, spark, settings, *w, tmp_root=root)
+    @given(workload(fmt), DECODES)
+    def check(w, decode):
+        from cdc_apply.decode import stage
+
+        old = stage.LOCAL_DECODE_BYTES
+        stage.LOCAL_DECODE_BYTES = old if decode == "here" else -1
+        try:
+            run_format(fmt, spark, settings, *w, tmp_root=root)
+        finally:
+            stage.LOCAL_DECODE_BYTES = old
 
     check()

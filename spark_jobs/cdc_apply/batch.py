@@ -122,12 +122,14 @@ def run_batch(
     if "validate" in stages and not dry_run:
         gate.preload_great_expectations()
     ctx = _decode_context(spark, settings, source, batch_id, decoder_state)
-    decoded, new_state = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
+    decoded, new_state, counts = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
     new_state = {**ctx.state, **new_state}
     if dry_run or "validate" not in stages:
-        apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter)
+        apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter, counts=counts)
     else:
-        write_and_validate(spark, settings, source, result, files, decoded, new_state, table_filter, in_write_job="publish" not in stages)
+        write_and_validate(
+            spark, settings, source, result, files, decoded, new_state, table_filter, in_write_job="publish" not in stages, counts=counts
+        )
     if not dry_run and "publish" in stages:
         publish_batch(settings, result)
         finish_batch(settings, result)
@@ -146,13 +148,26 @@ def write_and_validate(
     table_filter: str | None,
     *,
     in_write_job: bool,
+    counts: dict[tuple[str, str | None], int] | None = None,
 ) -> None:
     """``apply_decoded`` then ``validate_batch`` in one session, each table's
     GX suites started as soon as its branch is written (``gate.GateAhead``)."""
     ahead = gate.GateAhead(settings, result.id)
     with contextlib.ExitStack() as scope:  # the batch's small-batch conf, given back once its GX runs have ended
         try:
-            apply_decoded(spark, settings, source, result, files, decoded, state, table_filter=table_filter, gate_ahead=ahead, scope=scope)
+            apply_decoded(
+                spark,
+                settings,
+                source,
+                result,
+                files,
+                decoded,
+                state,
+                table_filter=table_filter,
+                gate_ahead=ahead,
+                scope=scope,
+                counts=counts,
+            )
             if result.pending(Status.WRITTEN):
                 validate_batch(settings, result, spark, in_write_job=in_write_job, ahead=ahead)
         finally:
@@ -222,6 +237,7 @@ def apply_decoded(
     table_filter: str | None = None,
     gate_ahead: gate.GateAhead | None = None,
     scope: contextlib.ExitStack | None = None,
+    counts: dict[tuple[str, str | None], int] | None = None,
 ) -> BatchResult:
     """Everything after decode: accounting, quarantine, per-table apply, ledger.
 
@@ -230,7 +246,9 @@ def apply_decoded(
     the latest from the ledger.  ``gate_ahead``: the caller validates next,
     with it (``validate_batch``).  ``scope``: where the batch's small-batch
     conf (``spark_conf.small_batch_conf``) is given back; by default when
-    this returns, as the cached decode is released.
+    this returns, as the cached decode is released.  ``counts``: the
+    decoded rows per (status, reason), when the decode counted them
+    (``stage.Decoded.counts``).
     """
     state = dict(ledger.Ledger(settings).latest_decoder_state(source.name) if decoder_state is None else decoder_state)
     result.started_at = dt.datetime.now(dt.UTC).isoformat()
@@ -244,8 +262,9 @@ def apply_decoded(
             kept, linked = _hold_transactions(spark, source, result, state, decoded)
             if kept is None:
                 return result
+            # the decode's own counts hold while no line was set apart above
+            status_counts = _count_messages(kept, result, counts if kept is raw else None)
             decoded = kept
-            status_counts = _count_messages(decoded, result)
         (own if scope is None else scope).enter_context(spark_conf.small_batch_conf(spark, settings, result.messages["read"]))
         _refuse_config(source, status_counts, decoded)
         _carry_held(decoded, result, state, files)
@@ -340,14 +359,19 @@ def _held_too_long(result: BatchResult, check: str, what: str, remedy: str) -> b
     return False
 
 
-def _count_messages(decoded: DataFrame, result: BatchResult) -> dict[tuple[str, str], int]:
+def _count_messages(
+    decoded: DataFrame, result: BatchResult, known: dict[tuple[str, str | None], int] | None = None
+) -> dict[tuple[str, str | None], int]:
     """Every message read, by status and reason class (the detail is in the
     quarantine row), into ``result.messages``; returns the exact counts.
-    The first pass over the decoded batch: its time is the decode's."""
+    The first pass over the decoded batch: its time is the decode's.
+    ``known``: the counts as the decode took them (no Spark job)."""
     t0 = time.perf_counter()
-    status_counts = {
-        (r["status"], r["reason"]): r["n"] for r in decoded.groupBy("status", "reason").agg(F.count(F.lit(1)).alias("n")).collect()
-    }
+    status_counts = (
+        dict(known)
+        if known is not None
+        else {(r["status"], r["reason"]): r["n"] for r in decoded.groupBy("status", "reason").agg(F.count(F.lit(1)).alias("n")).collect()}
+    )
     messages = {"read": sum(status_counts.values())}
     for (status, reason), n in status_counts.items():
         messages[status] = messages.get(status, 0) + n
@@ -463,6 +487,8 @@ def _table_meta(events: DataFrame, declared: DataFrame | None = None) -> list:
             F.count(F.when(ev & (F.col("op") == "t"), 1)).alias("truncates"),
             F.max(F.when(ev, F.col("commit_ts"))).alias("max_commit_ts"),
             F.count(F.when(ev & (F.col("op") == "d") & F.col("change_id").isNotNull(), 1)).alias("keyed_deletes"),
+            # the fewest columns an insert or update of a key change carries (compact.inherit_moved_columns)
+            F.min(F.when(ev & (F.col("op") != "d") & F.col("change_id").isNotNull(), F.size("after"))).alias("min_keyed_after"),
             F.count(F.when(ev & F.array_contains("notes", UNTYPED_NOTE), 1)).alias("untyped"),
         )
         .collect()
@@ -525,12 +551,12 @@ def _count_keyless(result: BatchResult, tr: TableResult) -> None:
         m["quarantined:null-key"] = m.get("quarantined:null-key", 0) + n
 
 
-def _refuse_config(source: SourceConfig, status_counts: dict[tuple[str, str], int], decoded: DataFrame) -> None:
+def _refuse_config(source: SourceConfig, status_counts: dict[tuple[str, str | None], int], decoded: DataFrame) -> None:
     """Fail the batch once, terminally, when decoders refused messages for a
     configuration reason (``ConfigRefused``): one line per distinct reason
     (with its first file and line), nothing quarantined or applied, the files
     stay pending for after the fix."""
-    refused = sorted((r, n) for (s, r), n in status_counts.items() if s == "quarantined" and (r or "").startswith(CONFIG_REFUSED_PREFIX))
+    refused = sorted((r, n) for (s, r), n in status_counts.items() if s == "quarantined" and r and r.startswith(CONFIG_REFUSED_PREFIX))
     if refused:
 
         def first(reason: str) -> str:

@@ -299,6 +299,7 @@ def inherit_moved_columns(
     *,
     batch_deletes: bool = True,
     truncated_at: str | None = None,
+    partial_inserts: bool = True,
 ) -> Inherited:
     """The insert half of a primary-key change inherits what it does not carry.
 
@@ -325,10 +326,18 @@ def inherit_moved_columns(
     has not arrived yet keeps those columns unset (``partial_inserts``); the
     delete half's batch fills them (``merge.refresh_inherited``).
 
+    ``partial_inserts=False``: the caller knows that no such insert is in the
+    batch (``batch._table_meta``'s ``min_keyed_after``), so no Spark job
+    looks for one.
+
     Long because the pairing, the state before the change and the fill are
     one Spark plan whose steps share their column lists."""
     keys = [quote(k) for k in key_cols]
     cid = F.col("_cdc_change_id")
+    if not partial_inserts:
+        return Inherited(
+            prepared.withColumn("_cdc_inh", F.lit(None).cast("map<string,string>")), prepared.select(cid.alias("_m_cid")).limit(0), []
+        )
     old = [f"_m_old{i}" for i in range(len(key_cols))]
     partial = (
         prepared.where((F.col("_cdc_op") != "d") & cid.isNotNull() & (F.size("_cdc_after") < len(columns)))

@@ -245,6 +245,7 @@ def _write(
             spec.columns,
             batch_deletes=bool(meta["keyed_deletes"]),
             truncated_at=truncated_at,
+            partial_inserts=meta["min_keyed_after"] is not None and meta["min_keyed_after"] < len(spec.columns),
         )
     prepared = moved.events
     state = branches.read_branch(spark, spec, branch).select(

@@ -23,10 +23,11 @@ import heapq
 import pickle
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from cdc_apply.archive.lines import (
     Piece,
@@ -86,11 +87,21 @@ ARROW_SCHEMA = pa.schema(
         ("tx_total", pa.int64()),
     ]
 )
+OUTCOME_SCHEMA = from_arrow_schema(ARROW_SCHEMA)
+"""``OUTCOME_DDL`` as a Spark schema, made without the JVM's SQL parser
+(~0.4 s of a fresh driver's first parse); ``tests/decode/test_decode_here.py``
+checks that the two are equal."""
 RAW_LIMIT = 1 << 20  # keep at most 1 MiB of a quarantined message's text
 GROUP_BYTES = 128 << 20  # archive bytes a decode task aims at (Spark's own file split size)
 PIECE_MIN_BYTES = 16 << 20  # a file is cut into pieces no smaller than this
 T = TypeVar("T")
 OUT_BATCH_ROWS = 10_000  # outcome rows per Arrow batch back to the JVM
+LOCAL_DECODE_BYTES = 8 << 20
+"""A batch of at most this many archive bytes (an hourly batch: 1k events
+are ~4 MB) is decoded in the driver's own Python and handed to Spark as an
+Arrow table (``decode_here``): in a fresh spark-submit driver, starting
+Python workers and importing the decoders there was most of its decode
+stage's ~2.5 s (bench/README.md, issue 20 step 34)."""
 
 
 def _declared_once(o: ChangeEvent, seen: set) -> list[tuple[str, str, bool]] | None:
@@ -181,6 +192,16 @@ def fast_batch(arrays: dict[str, pa.Array]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
         [arrays[f.name] if f.name in arrays else pa.nulls(rows, f.type) for f in ARROW_SCHEMA], schema=ARROW_SCHEMA
     )
+
+
+class Decoded(NamedTuple):
+    """What ``decode_batch`` gives: the outcome rows, the decoder state for
+    the next batch, and the rows per (status, reason) when the decode
+    already knows them (``decode_here``; None: counting is a Spark job's)."""
+
+    frame: DataFrame
+    state: dict
+    counts: dict[tuple[str, str | None], int] | None = None
 
 
 def _file_messages(path: str, source: Source, piece: Piece | None = None) -> Iterator[RawMessage | Quarantined]:
@@ -304,14 +325,37 @@ def range_partitions(spark: SparkSession) -> int:
     return int(row[0]) + 1 if row is not None else 1
 
 
-def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str, ctx: DecodeContext) -> tuple[DataFrame, dict]:
+def decode_units_to_arrow(dec: Decoder, sources: Iterable[tuple[str, Source, Piece | None]], driver_done: bool) -> Iterator[pa.RecordBatch]:
+    """Outcome batches of the files (or pieces) one decode task reads: the
+    Debezium PostgreSQL fast path where it applies, else the decoder's own
+    outcomes, ``OUT_BATCH_ROWS`` at a time."""
+    if fast_debezium.supports(dec):
+        with gc_paused():
+            for part in fast_debezium.decode_files(dec, sources):
+                yield fast_batch(part) if isinstance(part, dict) else outcomes_batch(part)
+        return
+    out: list[Outcome] = []
+    with gc_paused():
+        for outcome in decode_file_contents(dec, sources, driver_done):
+            out.append(outcome)
+            if len(out) >= OUT_BATCH_ROWS:
+                yield outcomes_batch(out)
+                out = []
+    if out:
+        yield outcomes_batch(out)
+
+
+def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str, ctx: DecodeContext) -> Decoded:
     """Decode the files, given as (path, size), into a DataFrame of outcome
     rows (``OUTCOME_DDL``).
 
-    Returns the DataFrame and the decoder state to persist for the next batch.
-    Long because the driver pass and the task closure share the pickled
-    context built here.
+    Returns the DataFrame and the decoder state to persist for the next batch
+    (``Decoded``).  A small batch is decoded here (``decode_here``), a larger one by Spark's
+    Python tasks.  Long because the driver pass and the task closure share
+    the pickled context built here.
     """
+    if sum(size for _, size in files) <= LOCAL_DECODE_BYTES:
+        return decode_here(spark, files, fmt, ctx)
     slots = parallelism(spark)
     groups = file_groups(decode_units(files, slots), slots)
     tasks = _file_tasks(spark, groups)
@@ -346,29 +390,53 @@ def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str
         dec = make_decoder(f, c)
         for batch in batches:
             for task in batch.column("id").to_pylist():
-                if fast_debezium.supports(dec):
-                    with gc_paused():
-                        for part in fast_debezium.decode_files(dec, _archive_sources(g[task], store)):
-                            yield fast_batch(part) if isinstance(part, dict) else outcomes_batch(part)
-                    continue
-                out: list[Outcome] = []
-                with gc_paused():
-                    for outcome in decode_file_contents(dec, _archive_sources(g[task], store), driver_done):
-                        out.append(outcome)
-                        if len(out) >= OUT_BATCH_ROWS:
-                            yield outcomes_batch(out)
-                            out = []
-                if out:
-                    yield outcomes_batch(out)
+                yield from decode_units_to_arrow(dec, _archive_sources(g[task], store), driver_done)
         pa.default_memory_pool().release_unused()
 
     decoded = tasks.mapInArrow(decode_partition, OUTCOME_DDL)
     if driver_outcomes:
         extra = outcomes_frame(spark, driver_outcomes)
         decoded = decoded.unionByName(extra)
-    return decoded, state
+    return Decoded(decoded, state)
+
+
+def decode_here(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str, ctx: DecodeContext) -> Decoded:
+    """``decode_batch`` in this process: the same steps, in the same order
+    (the driver-side messages first, in file and line order; then every
+    file whole, by a decoder made from a copy of the context, as a task's
+    is), the outcome rows handed to Spark as one Arrow table, counted by
+    status and reason on the way (no Spark job to count them)."""
+    s3 = S3Options.from_env()
+    units: list[tuple[str, Piece | None]] = [(path, None) for path, _ in files]
+    decoder = make_decoder(fmt, ctx)
+    driver_outcomes: list[Outcome] = []
+    if _has_driver_pass(decoder):
+        picker = make_decoder(fmt, _copied(ctx))
+        picked = [
+            msg
+            for path, source, piece in _archive_sources(units, s3)
+            for msg in _file_messages(path, source, piece)
+            if isinstance(msg, RawMessage) and picker.needs_driver(msg)
+        ]
+        driver_outcomes = decoder.absorb(sorted(picked, key=lambda m: (m.file, m.line)))
+    state = decoder.export_state()
+    dec = make_decoder(fmt, _copied(dataclasses.replace(ctx, state=state)))
+    batches = list(decode_units_to_arrow(dec, _archive_sources(units, s3), _has_driver_pass(decoder)))
+    if driver_outcomes:
+        batches.append(outcomes_batch(driver_outcomes))
+    table = pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
+    counted = table.group_by(["status", "reason"]).aggregate([([], "count_all")]).to_pylist()
+    counts = {(c["status"], c["reason"]): c["count_all"] for c in counted}
+    return Decoded(spark.createDataFrame(table, OUTCOME_SCHEMA), state, counts)
+
+
+def _copied(ctx: DecodeContext) -> DecodeContext:
+    """A copy of the context as a task gets it (pickled): a decoder may keep
+    and change what it is given."""
+    copy: DecodeContext = pickle.loads(pickle.dumps(ctx))
+    return copy
 
 
 def outcomes_frame(spark: SparkSession, outcomes: Sequence[Outcome]) -> DataFrame:
     """Outcomes decoded on the driver as a DataFrame of ``OUTCOME_DDL``."""
-    return spark.createDataFrame(pa.Table.from_batches([outcomes_batch(outcomes)]), OUTCOME_DDL)
+    return spark.createDataFrame(pa.Table.from_batches([outcomes_batch(outcomes)]), OUTCOME_SCHEMA)

@@ -10,6 +10,10 @@ cores finish together.  Decoding runs in Arrow batches (``mapInArrow``) with
 orjson: no per-row Python UDF.  Decoders with driver-side messages (Qlik
 metadata, split CES events) get a first pass that collects only those
 messages; their state is then shipped to executors.
+
+A small batch (``LOCAL_DECODE_BYTES``, an hourly one) takes the same steps in
+the driver's own Python instead (``decode_here``): in a fresh driver, starting
+Python workers cost more than decoding its few thousand lines.
 """
 
 from __future__ import annotations

@@ -233,6 +233,14 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def driver_messages(dec: Decoder, files: Iterable[tuple[str, Source, Piece | None]]) -> Iterator[RawMessage]:
+    """The messages of the files that ``dec`` takes on the driver (``needs_driver``)."""
+    for path, source, piece in files:
+        for msg in _file_messages(path, source, piece):
+            if isinstance(msg, RawMessage) and dec.needs_driver(msg):
+                yield msg
+
+
 def decode_file_contents(decoder: Decoder, files: Iterable[tuple[str, Source, Piece | None]], driver_done: bool) -> Iterator[Outcome]:
     """Executor-side decode of files or pieces of files (driver-side messages
     excluded when they were already absorbed on the driver)."""
@@ -373,12 +381,11 @@ def decode_batch(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str
             f, c, g, store = pickle.loads(base64.b64decode(blob_ctx))
             dec = make_decoder(f, c)
             for batch in batches:
-                rows = []
-                for task in batch.column("id").to_pylist():
-                    for path, source, piece in _archive_sources(g[task], store):
-                        for msg in _file_messages(path, source, piece):
-                            if isinstance(msg, RawMessage) and dec.needs_driver(msg):
-                                rows.append({"file": msg.file, "line": msg.line, "text": msg.text})
+                rows = [
+                    {"file": msg.file, "line": msg.line, "text": msg.text}
+                    for task in batch.column("id").to_pylist()
+                    for msg in driver_messages(dec, _archive_sources(g[task], store))
+                ]
                 yield pa.RecordBatch.from_pylist(
                     rows, schema=pa.schema([("file", pa.string()), ("line", pa.int64()), ("text", pa.string())])
                 )
@@ -415,13 +422,7 @@ def decode_here(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str,
     decoder = make_decoder(fmt, ctx)
     driver_outcomes: list[Outcome] = []
     if _has_driver_pass(decoder):
-        picker = make_decoder(fmt, _copied(ctx))
-        picked = [
-            msg
-            for path, source, piece in _archive_sources(units, s3)
-            for msg in _file_messages(path, source, piece)
-            if isinstance(msg, RawMessage) and picker.needs_driver(msg)
-        ]
+        picked = driver_messages(make_decoder(fmt, _copied(ctx)), _archive_sources(units, s3))
         driver_outcomes = decoder.absorb(sorted(picked, key=lambda m: (m.file, m.line)))
     state = decoder.export_state()
     dec = make_decoder(fmt, _copied(dataclasses.replace(ctx, state=state)))

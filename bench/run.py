@@ -94,6 +94,13 @@ TARGETS = [
         "1k-event batch via the DAG's Spark Connect path (warm server: docker-compose's default) / bare spark-submit",
     ),
     ("hourly_connect_mor_ratio", "<=", 2.5, "the same, the source set to merge_mode: merge-on-read / bare spark-submit"),
+    (
+        "hourly_warm_ratio",
+        "<=",
+        2.5,
+        "1k-event batch via the embedded default's DAG task on a local master (a client of the home's warm driver, "
+        "after the batch that started it) / bare spark-submit",
+    ),
     ("rss_ratio", "<=", 1.2, "peak RSS (whole process tree) of a 5x batch / of a 1x batch"),
     ("decode_speedup", ">=", 4.0, "decode stage (decode_batch + persist), exact decoder seconds / fast path seconds, same files"),
     ("decode_vs_payload_limit", ">=", 0.5, "fast decode stage events/s / payload-only limit events/s (aim: within 2x)"),
@@ -139,6 +146,35 @@ def _vs_bare(job: dict, bare: dict, **fields) -> dict:
         "bare_seconds": round(bare["seconds"], 3),
         "ratio": round(job["seconds"] / bare["seconds"], 3),
     }
+
+
+def _hourly_warm(settings, batches: list, workdir: Path, master: str) -> dict:
+    """The embedded default's DAG task (``CDC_SPARK_REMOTE=local``): the first
+    batch starts the home's warm driver (what the first hour after an idle
+    end costs), the next ones attach to it, each beside a bare spark-submit."""
+    from cdc_apply.runtime import warm_driver
+
+    try:
+        first = C.connect_job("bench", batches[0].paths, workdir, warm_driver.LOCAL, "warm_first")
+        warms, bares = [], []
+        for i, batch in enumerate(batches[1:]):  # alternating, as in the hourly section
+            bares.append(C.spark_submit_bare(workdir, master))
+            warms.append(C.connect_job("bench", batch.paths, workdir, warm_driver.LOCAL, f"warm_{i}"))
+    finally:
+        warm_driver.stop(settings, now=True)
+    bare = _median_run(bares, "seconds")
+    return _vs_bare(
+        _median_run(warms, "seconds"),
+        bare,
+        job_runs=[round(w["seconds"], 2) for w in warms],
+        bare_runs=[round(b["seconds"], 2) for b in bares],
+        events=batches[1].events,
+        first_batch_seconds=round(first["seconds"], 3),
+        first_batch_ratio=round(first["seconds"] / bare["seconds"], 3),
+        measured="`cdc apply --files-from` with CDC_SPARK_REMOTE=local, what a DAG task on a local master runs "
+        "in its process: interpreter start, imports, the job on the home's warm driver; the median of the "
+        "batches after the one that started the driver (first_batch_seconds), each beside a bare spark-submit",
+    )
 
 
 def _rate(events: int, nbytes: int, seconds: float) -> dict[str, float]:
@@ -211,7 +247,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--skip",
         action="append",
         default=[],
-        choices=["textbook", "pyiceberg", "table_size", "hourly", "hourly_connect", "rss", "decode"],
+        choices=["textbook", "pyiceberg", "table_size", "hourly", "hourly_connect", "hourly_warm", "rss", "decode"],
         help="leave a contender out (its figures are then missing)",
     )
     for k, v in PRESETS["tiny"].items():
@@ -288,6 +324,8 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     # after the RSS batches, for one Connect server: its first batch (warms its JVM; reported), hourly_runs
     # timed warm ones, then two with the source set to merge-on-read (the first switches the table; the second is timed)
     connect_batches = [main_wl.write(data / f"connect_{i}", args.hourly_events, args.events_per_file) for i in range(args.hourly_runs + 3)]
+    # then the warm driver's: the batch that starts it (reported), hourly_runs timed warm ones
+    warm_batches = [main_wl.write(data / f"warm_{i}", args.hourly_events, args.events_per_file) for i in range(args.hourly_runs + 1)]
     pyice_paths = _pick_capped(main_files, args.pyiceberg_cap)
     out["setup_seconds"]["generate_files"] = round(time.perf_counter() - t, 2)
     out["workload"] = {
@@ -559,6 +597,16 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
             )
             say(f"hourly via Spark Connect, merge-on-read: switching batch {switch['seconds']:.1f}s, next {mor['seconds']:.1f}s")
 
+    # -- the embedded default's DAG task: a client of the home's warm driver, started by the first ------
+    if "hourly_warm" not in args.skip:
+        with section("hourly_warm"):
+            out["hourly_warm"] = _hourly_warm(settings, warm_batches, workdir, master)
+            h = out["hourly_warm"]
+            say(
+                f"hourly on the warm driver: the batch that started it {h['first_batch_seconds']:.1f}s, next {h['job_seconds']:.1f}s "
+                f"vs bare spark-submit {h['bare_seconds']:.1f}s (medians of {len(h['job_runs'])}: {h['job_runs']}, bare {h['bare_runs']})"
+            )
+
     # -- figures -------------------------------------------------------------------------------
     ratios: dict[str, float] = {}
     pr = res["project"]["events_per_s"]
@@ -581,6 +629,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         ("hourly_overhead_ratio", "hourly"),
         ("hourly_connect_ratio", "hourly_connect"),
         ("hourly_connect_mor_ratio", "hourly_connect_mor"),
+        ("hourly_warm_ratio", "hourly_warm"),
         ("rss_ratio", "rss"),
     ):
         if key in out:  # the figure's own record in the JSON carries its ratio
@@ -594,6 +643,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         "hourly_overhead_ratio": args.hourly_events >= 1_000,
         "hourly_connect_ratio": args.hourly_events >= 1_000,
         "hourly_connect_mor_ratio": args.hourly_events >= 1_000,
+        "hourly_warm_ratio": args.hourly_events >= 1_000,
         "rss_ratio": True,
         "decode_speedup": True,
         "decode_vs_payload_limit": True,
@@ -619,6 +669,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         "hourly_overhead_ratio": "hourly",
         "hourly_connect_ratio": "hourly_connect",
         "hourly_connect_mor_ratio": "hourly_connect",
+        "hourly_warm_ratio": "hourly_warm",
         "rss_ratio": "rss",
         "decode_speedup": "decode",
         "decode_vs_payload_limit": "decode",
@@ -710,6 +761,12 @@ def render(out: dict[str, Any]) -> str:
         lines.append(
             f"hourly via Spark Connect, source merge_mode merge-on-read: {h['events']}-event batch {h['job_seconds']:.2f}s "
             f"(the batch that switched the table {h['switch_batch_seconds']:.2f}s)"
+        )
+    if "hourly_warm" in out:
+        h = out["hourly_warm"]
+        lines.append(
+            f"hourly on the warm driver (the embedded default): {h['events']}-event batch {h['job_seconds']:.2f}s (the batch "
+            f"that started it {h['first_batch_seconds']:.2f}s), bare spark-submit {h['bare_seconds']:.2f}s"
         )
     if "rss" in out:
         r = out["rss"]

@@ -1,6 +1,8 @@
 """A throw-away Airflow installation for end-to-end tests: its own
 AIRFLOW_HOME on SQLite, this project's dags/ and plugins/, the spark_default
-connection on local[*], and the CDC settings of the test session."""
+connection on local[*] (so the DAG's Spark tasks attach to the home's warm
+driver, as the embedded default's do; ``stop_warm_driver`` ends it), and the
+CDC settings of the test session."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ def airflow_env(airflow_home: Path, cdc_home: Path, **extra: str) -> dict[str, s
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "PYTHONPATH": f"{ROOT / 'spark_jobs'}{os.pathsep}{ROOT / 'plugins'}",
             "CDC_SPARK_CONF_spark__sql__shuffle__partitions": "2",
+            # a test's warm driver ends soon after its last job, should its teardown not stop it
+            "CDC_WARM_DRIVER_IDLE_SECONDS": "120",
             # a 500 from the api-server carries the database's own error, so a
             # test can tell SQLite's "database is locked" race from a real fault
             "AIRFLOW__API__EXPOSE_STACKTRACE": "True",
@@ -37,6 +41,12 @@ def airflow_env(airflow_home: Path, cdc_home: Path, **extra: str) -> dict[str, s
     )
     env.update(extra)
     return env
+
+
+def stop_warm_driver(env: dict[str, str]) -> None:
+    """End the warm driver of env's home now (``cdc warm-driver stop --now``)."""
+    cmd = [str(VENV_BIN / "python"), "-m", "cdc_apply.cli", "warm-driver", "stop", "--now", "--timeout", "60"]
+    subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=True)
 
 
 def airflow(env: dict[str, str], *args: str, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:

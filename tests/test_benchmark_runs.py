@@ -52,6 +52,7 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
         "hourly_overhead_ratio",
         "hourly_connect_ratio",
         "hourly_connect_mor_ratio",
+        "hourly_warm_ratio",
         "rss_ratio",
     ):
         assert res["ratios"][name] > 0, name
@@ -71,6 +72,9 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
     # pinned merge-on-read switches a copy-on-write table; `auto` may have chosen merge-on-read already
     # (an hourly batch's stored keys are ~9 % of the toy table's rows, MERGE_ON_READ_MAX_SHARE is 10 %)
     assert hm["switch_batch_schema_changes"] in ([], ["write.merge.mode copy-on-write -> merge-on-read"])
+    hw = res["hourly_warm"]
+    assert hw["job_seconds"] > 0 and hw["first_batch_seconds"] > 0 and hw["events"] == h["events"] and len(hw["job_runs"]) >= 1
+    assert "CDC_SPARK_REMOTE=local" in hw["measured"]
     r = res["rss"]
     assert r["peak_rss_1x_mb"] > 0 and r["peak_rss_5x_mb"] > 0 and r["events_5x"] >= 4 * r["events_1x"]
     # the tiny preset's one RSS run: its 1x batch is the hourly batch (reused, not run again)

@@ -135,6 +135,29 @@ def test_operator_conf_of_its_own_is_submitted_as_given(monkeypatch, cdc_home, d
     assert list((cdc_home / "jvm").glob("*.lock")) == []  # released after the job
 
 
+def test_the_embedded_defaults_spark_tasks_attach_to_the_warm_driver(monkeypatch, cdc_home, dagbag):
+    """Which driver a Spark task's job runs on, by spark_default: a local
+    master attaches it to the home's warm driver, unless that is turned off
+    or the task has Spark conf of its own; a cluster master spark-submits; a
+    spark_connect connection names its server."""
+    from cdc_airflow.spark import CdcSparkSubmitOperator
+
+    def runs_on(**kwargs):
+        return CdcSparkSubmitOperator(task_id="t", application="x.py", **kwargs)._spark_connect_url()
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[*]"}')
+    monkeypatch.delenv("CDC_WARM_DRIVER_IDLE_SECONDS", raising=False)
+    assert runs_on() == "local"
+    assert runs_on(conf={"spark.sql.shuffle.partitions": "3"}) is None
+    monkeypatch.setenv("CDC_WARM_DRIVER_IDLE_SECONDS", "0")
+    assert runs_on() is None
+    monkeypatch.delenv("CDC_WARM_DRIVER_IDLE_SECONDS")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "spark://spark-master", "port": 7077}')
+    assert runs_on() is None
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark_connect", "host": "spark-connect", "port": 15002}')
+    assert runs_on().startswith("sc://spark-connect:15002")
+
+
 def test_only_a_one_command_process_tunes_its_own_driver_jvm(monkeypatch, cdc_home):
     """get_spark's conf: C1-only JIT for the driver of a process that runs
     one command and exits (``cdc``, the demo); none for a session that is

@@ -2,8 +2,9 @@
 demo archive files in two tables: a gate failure fails only its table,
 without retry; a forced run publishes; the tables are read back with
 pyiceberg; a run with nothing pending changes nothing.  Once with the
-default driver (a spark-submit job per Spark task), once with the tasks as
-clients of a Spark Connect server (a ``spark_connect`` spark_default)."""
+embedded default (the Spark tasks as clients of the home's warm driver),
+once with a spark-submit job per Spark task, once with the tasks as clients
+of a Spark Connect server (a ``spark_connect`` spark_default)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import contextlib
 import datetime as dt
 import json
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
-from tests.airflow_env import airflow, airflow_env
+from tests.airflow_env import airflow, airflow_env, stop_warm_driver
 from tests.servers import running_connect_server
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
@@ -78,11 +80,13 @@ def _orders_file(settings) -> None:
     write_jsonl(Path(settings.archive_dir) / "pg_inventory" / "2026/01/01/00" / "orders-0000.jsonl", lines)
 
 
-@pytest.fixture(params=["spark-submit", "spark-connect"])
+@pytest.fixture(params=["warm-driver", "spark-submit", "spark-connect"])
 def attach_spark(request, tmp_path):
     """How the DAG's Spark tasks run: ``attach(env)`` leaves spark_default a
-    spark connection (a spark-submit job each), or starts a Spark Connect
-    server with env's settings and points a spark_connect spark_default at it."""
+    spark connection on a local master, whose tasks attach to the home's warm
+    driver (the embedded default) or, with CDC_WARM_DRIVER_IDLE_SECONDS=0,
+    spark-submit a job each; or starts a Spark Connect server with env's
+    settings and points a spark_connect spark_default at it."""
     with contextlib.ExitStack() as stack:
 
         def attach(env: dict[str, str]) -> None:
@@ -90,7 +94,12 @@ def attach_spark(request, tmp_path):
                 url = stack.enter_context(running_connect_server(tmp_path / "connect.log", env=env))
                 host, port = url.removeprefix("sc://").rsplit(":", 1)
                 env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)})
+            elif request.param == "spark-submit":
+                env["CDC_WARM_DRIVER_IDLE_SECONDS"] = "0"
+            else:
+                stack.callback(stop_warm_driver, env)
 
+        attach.mode = request.param  # type: ignore[attr-defined]
         yield attach
 
 
@@ -168,3 +177,6 @@ def test_gate_failure_fails_only_its_table_without_retry_then_a_forced_run_publi
     assert "nothing to submit" in again.stdout + again.stderr
     assert check_demo_table(env).current_snapshot().snapshot_id == table.current_snapshot().snapshot_id
     assert db.execute("SELECT count(*) FROM asset_event").fetchone()[0] == 2
+    # the embedded default's Spark tasks, of both runs, ran on one warm driver; the others started none
+    started = list((Path(env["CDC_HOME"]) / "warm-driver").glob("server-*.log"))
+    assert len(started) == (1 if attach_spark.mode == "warm-driver" else 0), started

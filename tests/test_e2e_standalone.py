@@ -1,6 +1,7 @@
 """End to end with a real scheduler and api-server (`airflow standalone` on a
 temporary AIRFLOW_HOME with SQLite): a backfill over three hours, then a
-trigger through the REST API with a conf, each waited on until success."""
+trigger through the REST API with a conf, each waited on until success; the
+Spark tasks on the home's warm driver, as the embedded default's."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.airflow_env import VENV_BIN, airflow, airflow_env
+from tests.airflow_env import VENV_BIN, airflow, airflow_env, stop_warm_driver
 from tests.test_e2e_dag_runner import check_demo_table, table_rows
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
@@ -249,5 +250,11 @@ def test_backfill_then_rest_trigger(tmp_path, monkeypatch):
         _, rows = table_rows(env)
         eve = next(r for r in rows if r["id"] == 5)
         assert str(eve["balance"]) == "7.77"
+        # every Spark task of the five runs attached to one warm driver (the embedded default),
+        # started by the first and kept by the next ones: it outlives the task that started it
+        started = list((Path(env["CDC_HOME"]) / "warm-driver").glob("server-*.log"))
+        assert len(started) == 1, started
+        assert "ending:" not in started[0].read_text(errors="replace")
     finally:
         sa.stop()
+        stop_warm_driver(env)

@@ -5,8 +5,11 @@ so it runs unchanged on ``local[*]`` or a standalone cluster: only the
 ``spark_default`` connection changes.  A connection of type
 ``spark_connect`` runs the same job in the task's process against a
 long-lived Spark Connect server (``cdc connect-server``) instead, which
-saves each task a driver JVM's start.  A terminal failure of the job (exit
-code 2: data or configuration) fails the task *without retry*.
+saves each task a driver JVM's start; so does a ``spark`` connection on a
+local master (the embedded default), against this home's warm driver,
+started on first use (CDC_WARM_DRIVER_IDLE_SECONDS=0: spark-submit).  A
+terminal failure of the job (exit code 2: data or configuration) fails the
+task *without retry*.
 """
 
 from __future__ import annotations
@@ -54,11 +57,10 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
             if remote:
                 self._run_on_spark_connect(remote)
             else:
-                from cdc_apply.config import Settings
                 from cdc_apply.runtime.submit import submit_spec
 
                 own_conf = dict(self.conf or {})
-                spec = submit_spec(Settings.from_env(), os.environ).with_conf(own_conf)
+                spec = submit_spec(_settings(), os.environ).with_conf(own_conf)
                 self.jars = ",".join(spec.jars)
                 self.py_files = spec.py_files
                 self.env_vars = {**spec.env, **(self.env_vars or {})}
@@ -135,14 +137,21 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
             self.log.info("CDC result: %s", json.dumps(result, default=str, separators=(",", ":"))[:20000])
 
     def _spark_connect_url(self) -> str | None:
-        """The Spark Connect server's URL when the connection is of type
-        ``spark_connect`` (a long-lived driver), else None (spark-submit)."""
+        """Where the job runs in this task's process as a Spark Connect client:
+        the server of a ``spark_connect`` connection; ``local``, this home's
+        warm driver (cdc_apply/runtime/warm_driver.py), for a ``spark``
+        connection on a local master while CDC_WARM_DRIVER_IDLE_SECONDS is
+        above 0 (the embedded default), unless the task has Spark conf of its
+        own (the warm driver's is the project's); None: a spark-submit job."""
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
         from airflow.sdk import BaseHook
 
-        if BaseHook.get_connection(self._conn_id).conn_type != SparkConnectHook.conn_type:
-            return None
-        return SparkConnectHook(self._conn_id).get_connection_url()
+        conn = BaseHook.get_connection(self._conn_id)
+        if conn.conn_type == SparkConnectHook.conn_type:
+            return SparkConnectHook(self._conn_id).get_connection_url()
+        if _local_master(conn.host) and not self.conf and _settings().warm_driver_idle_seconds > 0:
+            return WARM_DRIVER
+        return None
 
     def _run_on_spark_connect(self, url: str) -> None:
         """Run the job in this task's process as a client of the Spark Connect
@@ -150,11 +159,16 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
         codes and result file as the spark-submit job."""
         import dataclasses
 
-        from cdc_apply.cli import main
-        from cdc_apply.config import Settings
+        from airflow.sdk import BaseHook
 
-        self.log.info("running %s on the Spark Connect server %s", " ".join(self.application_args), url.split(";")[0])
-        settings = dataclasses.replace(Settings.from_env(), spark_remote=url)
+        from cdc_apply.cli import main
+
+        settings = dataclasses.replace(_settings(), spark_remote=url)
+        if url == WARM_DRIVER:  # on the connection's master, as its spark-submit would be
+            settings = dataclasses.replace(settings, spark_master=BaseHook.get_connection(self._conn_id).host)
+            self.log.info("running %s on this home's warm driver (`cdc warm-driver status`)", " ".join(self.application_args))
+        else:
+            self.log.info("running %s on the Spark Connect server %s", " ".join(self.application_args), url.split(";")[0])
         code = main([str(a) for a in self.application_args], settings)  # releases its session on the server
         if code != 0:
             raise AirflowException(f"the CDC job exited {code} on the Spark Connect server")
@@ -220,10 +234,22 @@ class LevelByLine:
         return getattr(self._inner, name)
 
 
-def _verbose() -> bool:
+WARM_DRIVER = "local"
+"""``CDC_SPARK_REMOTE``'s value for this home's warm driver (warm_driver.LOCAL)"""
+
+
+def _local_master(host: str | None) -> bool:
+    return (host or "").strip().startswith("local")
+
+
+def _settings() -> Any:
     from cdc_apply.config import Settings
 
-    return Settings.from_env().log_verbose
+    return Settings.from_env()
+
+
+def _verbose() -> bool:
+    return bool(_settings().log_verbose)
 
 
 def _terminal(result: dict[str, Any]) -> bool:

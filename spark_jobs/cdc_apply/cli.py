@@ -7,6 +7,7 @@
   cdc as-of  --source S --table T (--position P | --time ISO)   the snapshot and SQL of T as of a source position
   cdc rebuild --source S [--table T]   replay the source's applied files into <ns>_rebuild and compare with the live tables
   cdc connect-server [--host H] [--port P]   a long-lived driver; jobs attach with CDC_SPARK_REMOTE=sc://H:P
+  cdc warm-driver status|stop [--now]   this home's local driver shared by the DAG's jobs (CDC_SPARK_REMOTE=local)
 
 Exit codes: 0 success / nothing to do, 2 terminal failure (data or config:
 do not retry), 1 other failure (may be transient).
@@ -226,6 +227,27 @@ def cmd_connect_server(args: argparse.Namespace, settings: Settings) -> int:
     return 0  # not reached
 
 
+def cmd_warm_driver(args: argparse.Namespace, settings: Settings) -> int:
+    """The warm driver (runtime/warm_driver.py): what runs, or stop it.
+    ``stop`` lets running jobs finish unless ``--now``."""
+    from cdc_apply.runtime import warm_driver
+
+    if args.action == "stop":
+        left = warm_driver.stop(settings, now=args.now, timeout=args.timeout)
+        if left:
+            print(
+                f"error: {len(left)} warm driver(s) still finishing their jobs after {args.timeout:g}s; `--now` ends them", file=sys.stderr
+            )
+            return 1
+        print("no warm driver runs", file=sys.stderr)
+        return 0
+    running = warm_driver.status(settings)
+    print(json.dumps(running, indent=2))
+    if not running:
+        print(f"no warm driver runs under {warm_driver.state_dir(settings)}; the next job starts one", file=sys.stderr)
+    return 0
+
+
 def _history_parsers(sub: Any) -> None:
     """``as-of`` and ``rebuild``: the table's history (README, "History")."""
     h = sub.add_parser("as-of", help="the snapshot id and SQL of a table as of a source position (or source commit time)")
@@ -295,6 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; Spark Connect has no authentication)")
     c.add_argument("--port", type=int, default=15002)
     c.set_defaults(func=cmd_connect_server)
+    w = sub.add_parser("warm-driver", help="this home's local Spark Connect server shared by the DAG's jobs: status, or stop it")
+    w.add_argument("action", choices=["status", "stop"])
+    w.add_argument("--now", action="store_true", help="stop: end running jobs too (they fail, and are retried)")
+    w.add_argument("--timeout", type=float, default=300.0, help="stop: seconds to wait for running jobs (default 300)")
+    w.set_defaults(func=cmd_warm_driver)
     return p
 
 

@@ -57,18 +57,18 @@ def spark_home(env: Mapping[str, str] | None = None) -> Path:
     return Path(env["SPARK_HOME"]) if env.get("SPARK_HOME") else pip_spark_home()
 
 
-def _env_days(name: str, default: float, *, zero: bool = False) -> float:
-    """A number of days from the environment (``default`` when unset), refused
-    once, naming the variable, when it is not a number or is negative (or
-    zero, unless ``zero`` allows it)."""
+def _env_number(name: str, default: float, *, zero: bool = False, unit: str = "days") -> float:
+    """A number of days (or another ``unit``) from the environment
+    (``default`` when unset), refused once, naming the variable, when it is
+    not a number or is negative (or zero, unless ``zero`` allows it)."""
     text = _env(name, "").strip()
     try:
-        days = float(text) if text else default
+        number = float(text) if text else default
     except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number of days (default {default:g})") from None
-    if days < 0 or (days == 0 and not zero):
-        raise ConfigError(f"{name} must be {'>= 0' if zero else 'above 0'} days, got {days:g}")
-    return days
+        raise ConfigError(f"{name}={text!r} is not a number of {unit} (default {default:g})") from None
+    if number < 0 or (number == 0 and not zero):
+        raise ConfigError(f"{name} must be {'>= 0' if zero else 'above 0'} {unit}, got {number:g}")
+    return number
 
 
 def _env(name: str, default: str) -> str:
@@ -132,7 +132,8 @@ class Settings:
     spark_master: str
     spark_remote: str | None = None
     """A Spark Connect server (``sc://host:port``) that jobs attach to instead
-    of starting their own driver: see ``cdc connect-server``."""
+    of starting their own driver (see ``cdc connect-server``), or ``local``:
+    this home's warm driver, started on first use (runtime/warm_driver.py)."""
     audit_namespace: str = "cdc_audit"
     extra_spark_conf: dict[str, str] = field(default_factory=dict)
     verify_applied: str = "size"
@@ -153,6 +154,10 @@ class Settings:
     executors' interpreter path on a cluster)."""
     expectations_dir: Path = PROJECT_ROOT / "include" / "expectations"
     """``CDC_EXPECTATIONS_DIR``: the users' Great Expectations suites."""
+    warm_driver_idle_seconds: float = 5400.0
+    """``CDC_WARM_DRIVER_IDLE_SECONDS``: a warm driver ends after this long
+    without a job (90 min: an hourly schedule keeps it warm); 0 turns it off,
+    and the DAG's tasks on a local master spark-submit a driver each."""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -170,9 +175,10 @@ class Settings:
         if verify_applied not in ("size", "sha256"):
             raise ConfigError(f"CDC_VERIFY_APPLIED={verify_applied!r}: use 'size' or 'sha256'")
         spark_remote = _env("CDC_SPARK_REMOTE", "") or None
-        if spark_remote is not None and not spark_remote.startswith("sc://"):
+        if spark_remote is not None and not spark_remote.startswith("sc://") and spark_remote != "local":
             raise ConfigError(
-                f"CDC_SPARK_REMOTE={spark_remote!r}: a Spark Connect URL looks like sc://host:15002 (unset it to start a driver per job)"
+                f"CDC_SPARK_REMOTE={spark_remote!r}: a Spark Connect URL looks like sc://host:15002, or 'local' for this "
+                "home's warm driver (unset it to start a driver per job)"
             )
         extra = {}
         for key, value in os.environ.items():
@@ -195,10 +201,11 @@ class Settings:
             verify_applied=verify_applied,
             s3=S3Options.from_env(),
             driver_memory=_env("CDC_SPARK_DRIVER_MEMORY", "3g"),
-            asof_days=_env_days("CDC_ASOF_RETENTION_DAYS", 7.0),
+            asof_days=_env_number("CDC_ASOF_RETENTION_DAYS", 7.0),
             log_verbose=_env("CDC_LOG_VERBOSE", "").strip().lower() in {"1", "true", "yes", "on"},
             worker_python=_env("CDC_PYSPARK_PYTHON", sys.executable),
             expectations_dir=Path(_env("CDC_EXPECTATIONS_DIR", str(PROJECT_ROOT / "include" / "expectations"))),
+            warm_driver_idle_seconds=_env_number("CDC_WARM_DRIVER_IDLE_SECONDS", 5400.0, zero=True, unit="seconds"),
         )
         return settings
 
@@ -476,7 +483,7 @@ class Retention:
 
         def pick(value: float | None, env: str, default: float) -> float:
             if value is None:
-                return _env_days(env, default, zero=True)
+                return _env_number(env, default, zero=True)
             if float(value) < 0:
                 raise ConfigError(f"{env} must be >= 0 days, got {float(value):g}")
             return float(value)

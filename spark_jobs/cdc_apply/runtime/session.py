@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pyspark.sql import Observation, SparkSession
 
 from cdc_apply.config import Settings
+from cdc_apply.runtime import warm_driver
 from cdc_apply.runtime.code_zip import build_code_zip
 from cdc_apply.runtime.spark_conf import iceberg_conf, jar_paths, session_conf
 
@@ -75,6 +76,8 @@ def remote_session(settings: Settings, *, pool: str | None = None) -> SparkSessi
     url = settings.spark_remote
     if url is None:
         raise ConfigError("remote_session needs CDC_SPARK_REMOTE")
+    if url == warm_driver.LOCAL:
+        url = warm_driver.attach(settings)
     try:
         check_listening(url)
         spark = SparkSession.builder.remote(url).getOrCreate()
@@ -144,6 +147,7 @@ def stop_remote_session() -> None:
     active = SparkSession.getActiveSession()
     if active is not None and is_remote(active):
         active.stop()
+    warm_driver.detach()
 
 
 def check_listening(url: str, timeout: float = 10.0) -> None:

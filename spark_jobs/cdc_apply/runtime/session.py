@@ -83,8 +83,14 @@ def remote_session(settings: Settings, *, pool: str | None = None) -> SparkSessi
         spark = SparkSession.builder.remote(url).getOrCreate()
         server = {key: spark.conf.get(key, None) for key in _catalog_keys(settings)}
     except Exception as exc:  # grpc's errors carry the cause (refused, DNS, TLS)
+        cause = str(exc).splitlines()[0][:300]
+        if settings.spark_remote == warm_driver.LOCAL:
+            raise SparkUnavailable(
+                f"cannot reach this home's warm driver at {url}: {cause}; `cdc warm-driver status` shows it and its log "
+                "(a retry starts a new one if it ended; CDC_WARM_DRIVER_IDLE_SECONDS=0 spark-submits a driver per job instead)"
+            ) from exc
         raise SparkUnavailable(
-            f"cannot reach the Spark Connect server at CDC_SPARK_REMOTE={url}: {str(exc).splitlines()[0][:300]}; "
+            f"cannot reach the Spark Connect server at CDC_SPARK_REMOTE={url}: {cause}; "
             "is it running? (`cdc connect-server` starts one with the same CDC_* settings; unset CDC_SPARK_REMOTE "
             "to start a driver per job)"
         ) from exc

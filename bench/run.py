@@ -148,30 +148,49 @@ def _vs_bare(job: dict, bare: dict, **fields) -> dict:
     }
 
 
-def _hourly_warm(settings, batches: list, workdir: Path, master: str) -> dict:
-    """The embedded default's DAG task (``CDC_SPARK_REMOTE=local``): the first
-    batch starts the home's warm driver (what the first hour after an idle
-    end costs), the next ones attach to it, each beside a bare spark-submit."""
-    from cdc_apply.runtime import warm_driver
+def _client_runs(batches: list, workdir: Path, master: str, url: str, tag: str) -> tuple[dict, list[dict], list[dict]]:
+    """Spark Connect client jobs on ``url``: the first batch, then each next
+    one beside a bare spark-submit (alternating, so a slow spell of the
+    machine hits both)."""
+    first = C.connect_job("bench", batches[0].paths, workdir, url, f"{tag}_first")
+    warms, bares = [], []
+    for i, batch in enumerate(batches[1:]):
+        bares.append(C.spark_submit_bare(workdir, master))
+        warms.append(C.connect_job("bench", batch.paths, workdir, url, f"{tag}_warm_{i}"))
+    return first, warms, bares
 
-    try:
-        first = C.connect_job("bench", batches[0].paths, workdir, warm_driver.LOCAL, "warm_first")
-        warms, bares = [], []
-        for i, batch in enumerate(batches[1:]):  # alternating, as in the hourly section
-            bares.append(C.spark_submit_bare(workdir, master))
-            warms.append(C.connect_job("bench", batch.paths, workdir, warm_driver.LOCAL, f"warm_{i}"))
-    finally:
-        warm_driver.stop(settings, now=True)
+
+def _client_figure(first: dict, warms: list[dict], bares: list[dict], events: int, measured: str) -> dict:
+    """The median client batch after the first against the median bare spark-submit."""
     bare = _median_run(bares, "seconds")
     return _vs_bare(
         _median_run(warms, "seconds"),
         bare,
         job_runs=[round(w["seconds"], 2) for w in warms],
         bare_runs=[round(b["seconds"], 2) for b in bares],
-        events=batches[1].events,
+        events=events,
         first_batch_seconds=round(first["seconds"], 3),
         first_batch_ratio=round(first["seconds"] / bare["seconds"], 3),
-        measured="`cdc apply --files-from` with CDC_SPARK_REMOTE=local, what a DAG task on a local master runs "
+        measured=measured,
+    )
+
+
+def _hourly_warm(settings, batches: list, workdir: Path, master: str) -> dict:
+    """The embedded default's DAG task (``CDC_SPARK_REMOTE=local``): the first
+    batch starts the home's warm driver (what the first hour after an idle
+    end costs), the next ones attach to it."""
+    from cdc_apply.runtime import warm_driver
+
+    try:
+        first, warms, bares = _client_runs(batches, workdir, master, warm_driver.LOCAL, "warm")
+    finally:
+        warm_driver.stop(settings, now=True)
+    return _client_figure(
+        first,
+        warms,
+        bares,
+        batches[1].events,
+        "`cdc apply --files-from` with CDC_SPARK_REMOTE=local, what a DAG task on a local master runs "
         "in its process: interpreter start, imports, the job on the home's warm driver; the median of the "
         "batches after the one that started the driver (first_batch_seconds), each beside a bare spark-submit",
     )
@@ -321,11 +340,12 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     )
     reuse_rss, rss_batches = rss_plan(main_wl, data, args, hourly_files)
     rss1, rss5 = rss_batches[0]
-    # after the RSS batches, for one Connect server: its first batch (warms its JVM; reported), hourly_runs
-    # timed warm ones, then two with the source set to merge-on-read (the first switches the table; the second is timed)
-    connect_batches = [main_wl.write(data / f"connect_{i}", args.hourly_events, args.events_per_file) for i in range(args.hourly_runs + 3)]
-    # then the warm driver's: the batch that starts it (reported), hourly_runs timed warm ones
+    # after the RSS batches, the warm driver's: the batch that starts it (reported), hourly_runs timed warm ones;
+    # then, for one Connect server: its first batch (warms its JVM; reported), hourly_runs timed warm ones, then
+    # two with the source set to merge-on-read (the first switches the table; the second is timed). Both sections
+    # meet the table as the spark-submit jobs left it, but for the other's few copy-on-write batches.
     warm_batches = [main_wl.write(data / f"warm_{i}", args.hourly_events, args.events_per_file) for i in range(args.hourly_runs + 1)]
+    connect_batches = [main_wl.write(data / f"connect_{i}", args.hourly_events, args.events_per_file) for i in range(args.hourly_runs + 3)]
     pyice_paths = _pick_capped(main_files, args.pyiceberg_cap)
     out["setup_seconds"]["generate_files"] = round(time.perf_counter() - t, 2)
     out["workload"] = {
@@ -554,28 +574,32 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
 
     spark.stop()
 
+    # -- the embedded default's DAG task: a client of the home's warm driver, started by the first ------
+    if "hourly_warm" not in args.skip:
+        with section("hourly_warm"):
+            out["hourly_warm"] = _hourly_warm(settings, warm_batches, workdir, master)
+            h = out["hourly_warm"]
+            say(
+                f"hourly on the warm driver: the batch that started it {h['first_batch_seconds']:.1f}s, next {h['job_seconds']:.1f}s "
+                f"vs bare spark-submit {h['bare_seconds']:.1f}s (medians of {len(h['job_runs'])}: {h['job_runs']}, bare {h['bare_runs']})"
+            )
+
     # -- the same hourly batch size through the DAG's Spark Connect path (a long-lived server) ------
     if "hourly_connect" not in args.skip:
         with section("hourly_connect"):
             with running_connect_server(workdir / "connect_server.log") as url:
-                first = C.connect_job("bench", connect_batches[0].paths, workdir, url, "connect_first")
-                warms, bares = [], []
-                for i, batch in enumerate(connect_batches[1:-2]):  # alternating, as in the hourly section
-                    bares.append(C.spark_submit_bare(workdir, master))
-                    warms.append(C.connect_job("bench", batch.paths, workdir, url, f"connect_warm_{i}"))
+                first, warms, bares = _client_runs(connect_batches[:-2], workdir, master, url, "connect")
                 mor_sources = workdir / "sources_merge_on_read.yaml"
                 mor_sources.write_text(C.sources_yaml(["bench"], merge_mode="merge-on-read"))
                 switch = C.connect_job("bench", connect_batches[-2].paths, workdir, url, "connect_mor_switch", mor_sources)
                 mor = C.connect_job("bench", connect_batches[-1].paths, workdir, url, "connect_mor", mor_sources)
             bare = _median_run(bares, "seconds")
-            out["hourly_connect"] = _vs_bare(
-                _median_run(warms, "seconds"),
-                bare,
-                job_runs=[round(w["seconds"], 2) for w in warms],
-                bare_runs=[round(b["seconds"], 2) for b in bares],
-                events=connect_batches[1].events,
-                first_batch_seconds=round(first["seconds"], 3),
-                measured="`cdc apply --files-from` as a Spark Connect client (what a DAG task runs in its "
+            out["hourly_connect"] = _client_figure(
+                first,
+                warms,
+                bares,
+                connect_batches[1].events,
+                "`cdc apply --files-from` as a Spark Connect client (what a DAG task runs in its "
                 "process with a spark_connect connection, docker-compose's default): interpreter start, "
                 "imports, the job; the median of the server's batches after its first (first_batch_seconds), "
                 "each beside a bare spark-submit",
@@ -596,16 +620,6 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
                 "switch_batch_seconds, the next one is timed",
             )
             say(f"hourly via Spark Connect, merge-on-read: switching batch {switch['seconds']:.1f}s, next {mor['seconds']:.1f}s")
-
-    # -- the embedded default's DAG task: a client of the home's warm driver, started by the first ------
-    if "hourly_warm" not in args.skip:
-        with section("hourly_warm"):
-            out["hourly_warm"] = _hourly_warm(settings, warm_batches, workdir, master)
-            h = out["hourly_warm"]
-            say(
-                f"hourly on the warm driver: the batch that started it {h['first_batch_seconds']:.1f}s, next {h['job_seconds']:.1f}s "
-                f"vs bare spark-submit {h['bare_seconds']:.1f}s (medians of {len(h['job_runs'])}: {h['job_runs']}, bare {h['bare_runs']})"
-            )
 
     # -- figures -------------------------------------------------------------------------------
     ratios: dict[str, float] = {}

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import requests
 
-from tests.airflow_env import airflow, airflow_env
+from tests.airflow_env import airflow, airflow_env, stop_warm_driver
 from tests.test_e2e_standalone import Standalone, free_port
 
 CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromedriver")
@@ -159,6 +159,7 @@ class Ui:
         if self.browser is not None:
             self.browser.quit()
         self.sa.stop()
+        stop_warm_driver(self.env)
 
 
 def write_failing_suite(folder: Path) -> Path:

@@ -38,6 +38,8 @@ OPTIONAL_ENV: dict[str, str] = {
     "CDC_SPARK_REMOTE": "the cdc CLI's Spark Connect server; the DAG's tasks take it from the spark_default connection (type spark_connect)",
     "CDC_OPERATOR": "who an override is recorded for; unset, the DAG owner (AIRFLOW_CTX_DAG_OWNER) is recorded",
     "CDC_LOG_VERBOSE": "1 brings back library chatter (GX, py4j, Spark start-up INFO, JVM CDS warnings) in the task logs; unset, it is off",
+    "CDC_WARM_DRIVER_IDLE_SECONDS": "the embedded default's warm driver, for a spark_default on a local master; the stack's is a "
+    "cluster master or its spark-connect service, which never start one",
 }
 # Names the scanner must find, or the scanner itself is broken.
 KNOWN_CODE_ENV = {

@@ -134,6 +134,35 @@ def test_jobs_share_one_warm_driver_which_waits_for_them_and_ends_once_idle(env,
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_jobs_starting_together_share_the_one_server_the_first_starts(env):
+    """Three jobs arrive at once with no server running (an hour's tasks of
+    several sources): one starts it, the others wait for it under the lock."""
+    procs = [
+        subprocess.Popen(
+            [str(VENV_BIN / "python"), "-c", HOLD],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    try:
+        urls = {proc.stdout.readline().strip() for proc in procs}
+        assert len(urls) == 1 and next(iter(urls)).startswith("sc://127.0.0.1:"), [p.stderr.read()[-2000:] for p in procs if p.poll()]
+        [server] = status(env)
+        assert server["jobs_attached"] == 3, server
+        assert len(list(Path(env["CDC_HOME"], "warm-driver").glob("server-*.log"))) == 1
+        assert len(spark_servers(env["CDC_HOME"])) == 1
+    finally:
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait(timeout=30)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_other_settings_get_a_server_of_their_own_and_the_old_one_finishes_its_jobs_first(env):
     with held(env) as (first_url, _first):
         with held({**env, "CDC_SPARK_DRIVER_MEMORY": "1100m"}) as (second_url, _second):

@@ -267,13 +267,15 @@ def status(settings: Settings) -> list[dict[str, object]]:
 
 
 def _holders(lock: Path) -> int:
-    """How many processes hold a lock on the file (from /proc/locks)."""
+    """How many processes hold a lock on the file: /proc/locks' granted
+    locks (``->`` marks a waiting one) on its device and inode."""
     try:
-        inode = lock.stat().st_ino
+        st = lock.stat()
         text = Path("/proc/locks").read_text()
     except OSError:
         return 0
-    return sum(1 for line in text.splitlines() if line.split()[5:6] and line.split()[5].rsplit(":", 1)[-1] == str(inode))
+    file_id = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return sum(1 for line in text.splitlines() if "->" not in line and file_id in line.split()[5:6])
 
 
 # -- the supervisor: ``python -m cdc_apply.runtime.warm_driver`` -----------------------------

@@ -7,6 +7,7 @@ on its stdin (what a DAG task does for the length of its Spark job)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,6 +95,18 @@ def spark_servers(home: str) -> list[psutil.Process]:
         if "SparkConnectServer" in cmd and home in cmd and "java" in (p.info["cmdline"] or [""])[0]:
             found.append(p)
     return found
+
+
+def server_jvm(supervisor_pid: int) -> psutil.Process:
+    """The supervisor's server JVM (not the short-lived commands a starting
+    JVM runs, such as Hadoop's shell probes)."""
+    found = []
+    for child in psutil.Process(supervisor_pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "SparkConnectServer" in " ".join(child.cmdline()):
+                found.append(child)
+    assert len(found) == 1, found
+    return found[0]
 
 
 def log_of(entry: dict) -> str:
@@ -188,14 +201,14 @@ def test_other_settings_get_a_server_of_their_own_and_the_old_one_finishes_its_j
 def test_a_dead_server_or_supervisor_is_replaced_and_leaves_no_orphan(env):
     with held(env) as (first_url, _):
         [server] = status(env)
-        [jvm] = psutil.Process(server["supervisor_pid"]).children(recursive=True)
+        jvm = server_jvm(server["supervisor_pid"])
         jvm.kill()  # the server crashes: its supervisor notices, and takes it out of use
         wait_for(lambda: status(env) == [], 30, "the supervisor outlived its server")
         assert "ending: the server exited" in log_of(server)
         with held(env) as (second_url, _):
             assert second_url != first_url
             [server] = status(env)
-            [jvm] = psutil.Process(server["supervisor_pid"]).children(recursive=True)
+            jvm = server_jvm(server["supervisor_pid"])
             os.kill(server["supervisor_pid"], signal.SIGKILL)  # the supervisor dies: its server goes with it
             wait_for(lambda: not jvm.is_running() or jvm.status() == psutil.STATUS_ZOMBIE, 60, "the server outlived its supervisor")
             assert status(env) == []

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -218,6 +219,44 @@ def test_a_dead_server_or_supervisor_is_replaced_and_leaves_no_orphan(env):
                 stopped = cdc(env, "warm-driver", "stop", "--now", "--timeout", "60")
                 assert stopped.returncode == 0, stopped.stderr
                 assert status(env) == [] and not spark_servers(env["CDC_HOME"])
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_job_whose_warm_driver_dies_under_it_fails_at_once_and_its_retry_applies_once(env, monkeypatch):
+    """The server's JVM dies in the middle of a `cdc apply` (as on running out
+    of memory, or `stop --now`): the job fails within seconds, naming the
+    server's log, where the Connect client alone retries for ten minutes; the
+    retry starts a new server and applies the batch exactly once."""
+    from cdc_apply.config import Settings
+    from cdc_apply.demo import write_demo_archive
+
+    monkeypatch.setenv("CDC_HOME", env["CDC_HOME"])
+    write_demo_archive(Settings.from_env())
+    job_env = {**env, "CDC_SPARK_REMOTE": "local"}
+    apply = [str(VENV_BIN / "python"), "-m", "cdc_apply.cli", "apply", "--source", "pg_inventory"]
+    proc = subprocess.Popen(apply, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        wait_for(lambda: any("decoded and counted" in line for line in said) or proc.poll() is not None, 300, "the job did not decode")
+        assert proc.poll() is None, "".join(said)[-3000:]
+        [server] = status(env)
+        server_jvm(server["supervisor_pid"]).kill()  # mid-batch: the batch's writes are under way
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=10)
+    text = "".join(said)
+    assert proc.returncode == 1, text[-3000:]  # transient: the task is retried
+    assert f"the warm driver {server['url']} ended during this job" in text and server["log"] in text, text[-3000:]
+    retried = cdc(job_env, "apply", "--source", "pg_inventory")
+    assert retried.returncode == 0, retried.stderr[-3000:]
+    check_demo_table(env)  # the batch once, whole: nothing lost or doubled by the crash
+    [second] = status(env)
+    assert second["url"] != server["url"] and len(spark_servers(env["CDC_HOME"])) == 1
 
 
 def test_settings_of_the_warm_driver(monkeypatch):

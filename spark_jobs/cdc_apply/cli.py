@@ -343,6 +343,14 @@ def main(argv: list[str] | None = None, settings: Settings | None = None) -> int
     except CdcError as exc:  # transient: the caller may retry
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except Exception:
+        from cdc_apply.runtime import warm_driver
+
+        lost = warm_driver.lost()  # the job's warm driver ended under it: transient, what failed is secondary
+        if lost is None:
+            raise
+        print(f"error: {lost}", file=sys.stderr)
+        return 1
     finally:
         if settings is not None and settings.spark_remote:
             from cdc_apply.runtime.session import stop_remote_session

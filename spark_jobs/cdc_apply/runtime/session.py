@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from pyspark.sql import Observation, SparkSession
 
@@ -15,6 +16,9 @@ from cdc_apply.runtime.code_zip import build_code_zip
 from cdc_apply.runtime.spark_conf import iceberg_conf, jar_paths, session_conf
 
 _one_command = False
+_unwatch: list[Callable[[], None]] = []
+"""stops the watch on this process's warm driver (``remote_session``)"""
+log = logging.getLogger(__name__)
 
 
 def one_command_process() -> None:
@@ -106,7 +110,18 @@ def remote_session(settings: Settings, *, pool: str | None = None) -> SparkSessi
     if pool:
         spark.conf.set("spark.scheduler.pool", pool)
     spark.addArtifacts(build_code_zip(settings.home / "dist"), pyfile=True)
+    if settings.spark_remote == warm_driver.LOCAL:
+        _unwatch.append(warm_driver.watch(lambda reason: _fail_now(spark, reason)))
     return spark
+
+
+def _fail_now(spark: SparkSession, reason: str) -> None:
+    """The warm driver ended under this job: say so, and close the client,
+    whose waiting call then fails at once instead of being retried against
+    a server that is gone."""
+    log.error("%s", reason)
+    with contextlib.suppress(Exception):
+        spark.client.close()  # type: ignore[operator]  # (a Connect session's)
 
 
 JOB_DESCRIPTION = "spark.job.description"
@@ -150,6 +165,8 @@ def stop_remote_session() -> None:
     """Release this process's Spark Connect session on the server (its
     artifacts and state) instead of leaving it to the server's idle timeout.
     A driver of our own is left alone: spark-submit and tests own it."""
+    while _unwatch:
+        _unwatch.pop()()
     active = SparkSession.getActiveSession()
     if active is not None and is_remote(active):
         active.stop()

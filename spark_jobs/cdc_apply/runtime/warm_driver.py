@@ -24,6 +24,11 @@ file locks only, so a job killed at any point leaves nothing to clean up:
   (its command and environment) and log.  A job whose settings give another
   fingerprint starts a server of its own; the old one is no longer
   ``current`` and ends once its jobs have.
+
+A server that ends under a job (it crashed, ran out of memory, or was
+stopped with ``--now``) fails that job within seconds (``watch``), naming
+the server's log, instead of leaving the Connect client to retry for the
+ten minutes its default policy allows.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -53,8 +59,8 @@ START_SECONDS = 180.0
 """how long a job waits for a new server to listen"""
 KEEP_LOGS = 5
 MODULE = "cdc_apply.runtime.warm_driver"
-_attached: dict[Path, tuple[int, int]] = {}
-"""this process's attachments: state folder -> (clients lock fd, port)"""
+WATCH_SECONDS = 1.0
+"""how often a job checks that its server still runs (``watch``)"""
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,12 @@ class Server:
     @property
     def url(self) -> str:
         return f"sc://{HOST}:{self.port}"
+
+
+_attached: dict[Path, tuple[int, Server]] = {}
+"""this process's attachments: state folder -> (clients lock fd, server)"""
+_lost: list[str] = []
+"""what ended a server under this process's job (``watch``), at most one"""
 
 
 def state_dir(settings: Settings) -> Path:
@@ -130,9 +142,14 @@ def current_server(folder: Path) -> Server | None:
     return read_server(folder, port)
 
 
+def _record_ports(folder: Path) -> list[int]:
+    """The ports of the servers with a record (``server-<port>.json``)."""
+    return [int(p.stem.split("-", 1)[1]) for p in folder.glob("server-*.json")]
+
+
 def servers(folder: Path) -> list[Server]:
     """Every server with a record: the current one and those still finishing their jobs."""
-    found = (read_server(folder, int(p.stem.split("-", 1)[1])) for p in folder.glob("server-*.json"))
+    found = (read_server(folder, port) for port in _record_ports(folder))
     return sorted((s for s in found if s is not None and _supervisor_alive(s.pid)), key=lambda s: s.started)
 
 
@@ -144,6 +161,7 @@ def _supervisor_alive(pid: int) -> bool:
 
 
 def _listening(port: int) -> bool:
+    """(``session.check_listening`` for a URL, as a bool: session imports this module.)"""
     try:
         with socket.create_connection((HOST, port), timeout=2):
             return True
@@ -157,7 +175,7 @@ def attach(settings: Settings) -> str:
     or its exit."""
     folder = state_dir(settings)
     if folder in _attached:
-        return f"sc://{HOST}:{_attached[folder][1]}"
+        return _attached[folder][1].url
     folder.mkdir(parents=True, exist_ok=True)
     command, env = _server_command(settings)
     fp = fingerprint(command, env)
@@ -167,15 +185,61 @@ def attach(settings: Settings) -> str:
             server = _start(settings, folder, command, env, fp)
         fd = os.open(folder / f"clients-{server.port}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_SH)
-    _attached[folder] = (fd, server.port)
+    _attached[folder] = (fd, server)
     return server.url
 
 
 def detach() -> None:
     """Release this process's hold on its warm drivers (they end once idle)."""
     while _attached:
-        _, (fd, _port) = _attached.popitem()
+        _, (fd, _server) = _attached.popitem()
         os.close(fd)
+
+
+def _gone(server: Server) -> str | None:
+    """How an attached server is gone, or None while it serves."""
+    if not _supervisor_alive(server.pid):
+        return "its supervisor ended"
+    if not _listening(server.port):
+        return "it stopped listening"
+    return None
+
+
+def _log_tail(path: str, chars: int = 2000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - chars))
+            return fh.read().decode(errors="replace")
+    except OSError as exc:
+        return f"(unreadable: {exc})"
+
+
+def watch(on_end: Callable[[str], None], interval: float = WATCH_SECONDS) -> Callable[[], None]:
+    """Check the servers this process is attached to every ``interval``
+    seconds, on a daemon thread; if one ends while attached, call
+    ``on_end`` once with what happened (``lost()`` then says it too).
+    Returns the function that stops the watch (before a job detaches)."""
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.wait(interval):
+            for _, server in list(_attached.values()):
+                why = _gone(server)
+                if why is not None and not done.is_set():
+                    _lost.append(
+                        f"the warm driver {server.url} ended during this job ({why}): the job is failed, "
+                        f"and a retry starts a new one; its log {server.log} ends:\n{_log_tail(server.log)}"
+                    )
+                    on_end(_lost[-1])
+                    return
+
+    threading.Thread(target=run, name="warm-driver-watch", daemon=True).start()
+    return done.set
+
+
+def lost() -> str | None:
+    """What ended a warm driver under this process's job, if one did."""
+    return _lost[-1] if _lost else None
 
 
 def _free_port() -> int:
@@ -214,10 +278,9 @@ def _tidy(folder: Path) -> None:
     (killed), and all but the newest logs of servers that ended (a crash's
     log stays for the operator).  Under start.lock."""
     live = {f"server-{s.port}-" for s in servers(folder)}
-    for record in folder.glob("server-*.json"):
-        port = record.stem.split("-", 1)[1]
+    for port in _record_ports(folder):
         if f"server-{port}-" not in live:
-            record.unlink(missing_ok=True)
+            (folder / f"server-{port}.json").unlink(missing_ok=True)
             (folder / f"clients-{port}.lock").unlink(missing_ok=True)
     ended = [p for p in folder.glob("server-*.log") if not any(p.name.startswith(prefix) for prefix in live)]
     for p in sorted(ended, key=lambda p: p.stat().st_mtime)[:-KEEP_LOGS]:

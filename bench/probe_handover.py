@@ -10,6 +10,14 @@ with the change images (``after``/``before``) in four forms:
 * ``json``: one JSON string per image;
 * ``none``: no images at all (the lower bound of any form).
 
+And, as a bound on decoding in the JVM instead of in Python (step 36): the
+same files read by Spark's own JSON reader (``spark_json``: ``read.text`` +
+``from_json`` of the line with the payload's schema, inferred once from the
+first line), the images as ``map<string,string>`` of the fields cast to text,
+the position formatted, persisted and counted.  It converts less than the
+decoders do (decimals stay base64, timestamps numbers), so it is a lower
+bound of a JVM decode stage.
+
 The four forms' times are the JVM's share of the stage and what a change of
 form could save there.  Beside them, from the same files: the fast path's
 Python time per line in this process (best of ``--runs``), an empty
@@ -117,6 +125,38 @@ def empty_job(spark: Any, ddl: str, tasks: int) -> float:
     return handed_over(spark, nothing, ddl, tasks)
 
 
+def spark_json(spark: Any, paths: list[str]) -> float:
+    """Seconds of the files decoded by Spark's JSON reader into op, position
+    and text images, persisted and counted (the ``spark_json`` bound)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructField, StructType
+
+    with open(paths[0], encoding="utf-8") as fh:
+        sample = [fh.readline() for _ in range(1000)]
+    inferred = spark.read.json(spark.sparkContext.parallelize(sample)).schema["payload"].dataType
+    image_type = inferred["after"].dataType  # (a sample of inserts leaves ``before`` untyped)
+    payload = StructType([StructField(f.name, image_type if f.name == "before" else f.dataType) for f in inferred.fields])
+    row = image_type.fieldNames()
+
+    def image(side: str) -> Any:
+        texts = F.array(*[F.col(f"p.{side}.`{c}`").cast("string") for c in row])
+        return F.when(F.col(f"p.{side}").isNotNull(), F.map_from_arrays(F.array(*[F.lit(c) for c in row]), texts))
+
+    t0 = time.perf_counter()
+    lines = spark.read.text(paths)
+    p = lines.select(F.from_json("value", f"struct<payload:{payload.simpleString()}>", {"mode": "FAILFAST"}).payload.alias("p"))
+    out = p.select(
+        F.col("p.op").alias("op"),
+        F.format_string("%020d|%s", F.col("p.source.lsn"), F.col("p.source.txId")).alias("position"),
+        image("after").alias("after"),
+        image("before").alias("before"),
+    ).persist()
+    out.count()
+    seconds = time.perf_counter() - t0
+    out.unpersist()
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench.probe_handover", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -146,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         with pa.OSFile(ipc[form], "wb") as sink, pa.ipc.new_file(sink, shaped[0].schema) as writer:
             for b in shaped:
                 writer.write_batch(b)
-    seconds: dict[str, list[float]] = {form: [] for form in (*FORMS, "empty")}
+    seconds: dict[str, list[float]] = {form: [] for form in (*FORMS, "empty", "spark_json")}
     for run in range(args.runs + 1):  # the first round warms the session up and is not counted
         for form in FORMS if run % 2 == 0 else tuple(reversed(FORMS)):
             took = replay(spark, ipc[form], ddl_of(form, names), tasks)
@@ -155,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         took = empty_job(spark, ddl_of("maps", names), tasks)
         if run:
             seconds["empty"].append(took)
+        took = spark_json(spark, files.paths)
+        if run:
+            seconds["spark_json"].append(took)
     out = {
         "events": files.events,
         "bytes": files.bytes,

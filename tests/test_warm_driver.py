@@ -35,6 +35,15 @@ print(warm_driver.attach(Settings.from_env()), flush=True)
 sys.stdin.read()
 """
 
+STRANGER = """
+import sys
+from pyspark.sql import SparkSession
+try:
+    print("accepted", SparkSession.builder.remote(f"sc://127.0.0.1:{sys.argv[1]}").create().range(3).count())
+except Exception as exc:
+    print("refused", type(exc).__name__)
+"""
+
 
 @pytest.fixture
 def env(tmp_path) -> Iterator[dict[str, str]]:
@@ -71,12 +80,20 @@ def held(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen]]:
         [str(VENV_BIN / "python"), "-c", HOLD], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        url = proc.stdout.readline().strip()
-        assert url.startswith("sc://127.0.0.1:"), proc.stderr.read()[-3000:] if proc.poll() is not None else url
-        yield url, proc
+        client_url = proc.stdout.readline().strip()
+        assert client_url.startswith("sc://localhost:"), proc.stderr.read()[-3000:] if proc.poll() is not None else client_url
+        yield listening_at(client_url), proc
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+def listening_at(client_url: str) -> str:
+    """The server's URL as status shows it, from the one a job connects to
+    (``sc://localhost:<port>/;token=<its token>``)."""
+    port, _, token = client_url.removeprefix("sc://localhost:").partition("/;token=")
+    assert port.isdigit() and len(token) >= 32, client_url
+    return f"sc://127.0.0.1:{port}"
 
 
 def wait_for(what: Callable[[], object], seconds: float, message: str) -> object:
@@ -164,11 +181,21 @@ def test_jobs_starting_together_share_the_one_server_the_first_starts(env):
     ]
     try:
         urls = {proc.stdout.readline().strip() for proc in procs}
-        assert len(urls) == 1 and next(iter(urls)).startswith("sc://127.0.0.1:"), [p.stderr.read()[-2000:] for p in procs if p.poll()]
+        assert len(urls) == 1 and next(iter(urls)).startswith("sc://localhost:"), [p.stderr.read()[-2000:] for p in procs if p.poll()]
         [server] = status(env)
         assert server["jobs_attached"] == 3, server
         assert len(list(Path(env["CDC_HOME"], "warm-driver").glob("server-*.log"))) == 1
         assert len(spark_servers(env["CDC_HOME"])) == 1
+        # only this user's jobs can use it: a client without the server's token is refused
+        folder = Path(env["CDC_HOME"], "warm-driver")
+        port = server["url"].rsplit(":", 1)[1]
+        record = folder / f"server-{port}.json"
+        token = json.loads(record.read_text())["token"]
+        assert len(token) >= 32 and (folder.stat().st_mode & 0o777, record.stat().st_mode & 0o777) == (0o700, 0o600)
+        assert all(token in url for url in urls) and token not in json.dumps(status(env))
+        assert not any(token in " ".join(jvm.cmdline()) for jvm in spark_servers(env["CDC_HOME"]))  # (its environment holds it)
+        stranger = subprocess.run([str(VENV_BIN / "python"), "-c", STRANGER, port], env=env, capture_output=True, text=True, timeout=300)
+        assert stranger.returncode == 0 and stranger.stdout.startswith("refused"), stranger.stdout + stranger.stderr[-2000:]
     finally:
         for proc in procs:
             proc.stdin.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 
@@ -90,11 +91,11 @@ def remote_session(settings: Settings, *, pool: str | None = None) -> SparkSessi
         cause = str(exc).splitlines()[0][:300]
         if settings.spark_remote == warm_driver.LOCAL:
             raise SparkUnavailable(
-                f"cannot reach this home's warm driver at {url}: {cause}; `cdc warm-driver status` shows it and its log "
+                f"cannot reach this home's warm driver at {shown(url)}: {cause}; `cdc warm-driver status` shows it and its log "
                 "(a retry starts a new one if it ended; CDC_WARM_DRIVER_IDLE_SECONDS=0 spark-submits a driver per job instead)"
             ) from exc
         raise SparkUnavailable(
-            f"cannot reach the Spark Connect server at CDC_SPARK_REMOTE={url}: {cause}; "
+            f"cannot reach the Spark Connect server at CDC_SPARK_REMOTE={shown(url)}: {cause}; "
             "is it running? (`cdc connect-server` starts one with the same CDC_* settings; unset CDC_SPARK_REMOTE "
             "to start a driver per job)"
         ) from exc
@@ -104,7 +105,7 @@ def remote_session(settings: Settings, *, pool: str | None = None) -> SparkSessi
         spark.stop()
         detail = "; ".join(f"{key}: server {got!r}, this job {want!r}" for key, (got, want) in wrong.items())
         raise ConfigError(
-            f"the Spark Connect server at {url} is wired to another catalog than this job ({detail}): "
+            f"the Spark Connect server at {shown(url)} is wired to another catalog than this job ({detail}): "
             "start the server with the same CDC_CATALOG_* / CDC_WAREHOUSE settings as the jobs"
         )
     if pool:
@@ -113,6 +114,11 @@ def remote_session(settings: Settings, *, pool: str | None = None) -> SparkSessi
     if settings.spark_remote == warm_driver.LOCAL:
         _unwatch.append(warm_driver.watch(lambda reason: _fail_now(spark, reason)))
     return spark
+
+
+def shown(url: str) -> str:
+    """A Spark Connect URL for messages: its token left out."""
+    return re.sub(r";token=[^;]*", ";token=…", url)
 
 
 def _fail_now(spark: SparkSession, reason: str) -> None:

@@ -29,6 +29,12 @@ A server that ends under a job (it crashed, ran out of memory, or was
 stopped with ``--now``) fails that job within seconds (``watch``), naming
 the server's log, instead of leaving the Connect client to retry for the
 ten minutes its default policy allows.
+
+Only this user's jobs can use a server: it binds 127.0.0.1, and requires a
+token made for it when it starts (Spark Connect's pre-shared key, passed
+in the server's environment, not on its command line), which jobs read
+from its record; the folder and records are the user's alone (0700/0600).
+Without it, any local user could run code as this one through the server.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -59,6 +66,8 @@ START_SECONDS = 180.0
 """how long a job waits for a new server to listen"""
 KEEP_LOGS = 5
 MODULE = "cdc_apply.runtime.warm_driver"
+TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+"""the server's pre-shared key (Spark Connect reads it from its environment)"""
 WATCH_SECONDS = 1.0
 """how often a job checks that its server still runs (``watch``)"""
 
@@ -73,10 +82,19 @@ class Server:
     fingerprint: str
     started: float
     log: str
+    token: str = ""
+    """the pre-shared key jobs present (a secret: never printed)"""
 
     @property
     def url(self) -> str:
+        """Where it listens, for messages (without the token)."""
         return f"sc://{HOST}:{self.port}"
+
+    @property
+    def client_url(self) -> str:
+        """What a job connects to: with the token.  (PySpark sends a token
+        without TLS only to the host named ``localhost``.)"""
+        return f"sc://localhost:{self.port}/;token={self.token}" if self.token else self.url
 
 
 _attached: dict[Path, tuple[int, Server]] = {}
@@ -95,7 +113,8 @@ def fingerprint(command: list[str], env: dict[str, str]) -> str:
     keep = {
         k: v
         for k, v in env.items()
-        if k.startswith(("CDC_", "AWS_", "SPARK_", "PYSPARK_", "JAVA_")) and k not in ("CDC_SPARK_REMOTE", "CDC_WARM_DRIVER_IDLE_SECONDS")
+        if k.startswith(("CDC_", "AWS_", "SPARK_", "PYSPARK_", "JAVA_"))
+        and k not in ("CDC_SPARK_REMOTE", "CDC_WARM_DRIVER_IDLE_SECONDS", TOKEN_ENV)
     }
     text = json.dumps([command, sorted(keep.items())])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -121,8 +140,10 @@ def _locked(path: Path, mode: int = fcntl.LOCK_EX) -> Iterator[int]:
 
 
 def _write_json(path: Path, data: object) -> None:
+    """Atomically, readable by this user only (a server's record holds its token)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        fh.write(json.dumps(data))
     os.replace(tmp, path)
 
 
@@ -175,8 +196,9 @@ def attach(settings: Settings) -> str:
     or its exit."""
     folder = state_dir(settings)
     if folder in _attached:
-        return _attached[folder][1].url
-    folder.mkdir(parents=True, exist_ok=True)
+        return _attached[folder][1].client_url
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)  # (a folder made before the records held tokens)
     command, env = _server_command(settings)
     fp = fingerprint(command, env)
     with _locked(folder / "start.lock"):
@@ -186,7 +208,7 @@ def attach(settings: Settings) -> str:
         fd = os.open(folder / f"clients-{server.port}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_SH)
     _attached[folder] = (fd, server)
-    return server.url
+    return server.client_url
 
 
 def detach() -> None:
@@ -255,11 +277,18 @@ def _start(settings: Settings, folder: Path, command: list[str], env: dict[str, 
     log = folder / f"server-{port}-{int(time.time())}.log"
     argv = [sys.executable, "-m", MODULE, "--folder", str(folder), "--port", str(port)]
     argv += ["--idle-seconds", str(settings.warm_driver_idle_seconds), "--", *(a.replace("{port}", str(port)) for a in command)]
+    token = secrets.token_urlsafe(32)
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            argv, env=env, cwd=folder, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            env={**env, TOKEN_ENV: token},
+            cwd=folder,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
-    server = Server(port=port, pid=proc.pid, fingerprint=fp, started=time.time(), log=str(log))
+    server = Server(port=port, pid=proc.pid, fingerprint=fp, started=time.time(), log=str(log), token=token)
     _write_json(folder / f"server-{port}.json", asdict(server))
     deadline = time.monotonic() + START_SECONDS
     while not _listening(port):

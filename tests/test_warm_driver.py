@@ -193,7 +193,11 @@ def test_jobs_starting_together_share_the_one_server_the_first_starts(env):
         token = json.loads(record.read_text())["token"]
         assert len(token) >= 32 and (folder.stat().st_mode & 0o777, record.stat().st_mode & 0o777) == (0o700, 0o600)
         assert all(token in url for url in urls) and token not in json.dumps(status(env))
-        assert not any(token in " ".join(jvm.cmdline()) for jvm in spark_servers(env["CDC_HOME"]))  # (its environment holds it)
+        [jvm] = spark_servers(env["CDC_HOME"])
+        assert token not in " ".join(jvm.cmdline())  # (its environment holds it)
+        # and none of its ports (Connect's, the Spark UI's, RPC, block manager) is open beyond this host
+        listening = {c.laddr.ip for c in jvm.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+        assert listening and listening <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening
         stranger = subprocess.run([str(VENV_BIN / "python"), "-c", STRANGER, port], env=env, capture_output=True, text=True, timeout=300)
         assert stranger.returncode == 0 and stranger.stdout.startswith("refused"), stranger.stdout + stranger.stderr[-2000:]
     finally:

@@ -121,12 +121,16 @@ def fingerprint(command: list[str], env: dict[str, str]) -> str:
 
 
 def _server_command(settings: Settings) -> tuple[list[str], dict[str, str]]:
-    """The server's command with a ``{port}`` placeholder, and its environment."""
+    """The server's command with a ``{port}`` placeholder, and its environment:
+    its driver's other ports (the Spark UI's, the RPC and block manager's)
+    on 127.0.0.1 too, unless ``SPARK_LOCAL_IP`` says otherwise (a local
+    master needs none of them reachable from other hosts)."""
     from cdc_apply.runtime.submit import connect_server_command, connect_server_env
 
     cmd = connect_server_command(settings, host=HOST, port=0)
     port_arg = "spark.connect.grpc.binding.port=0"
-    return [a if a != port_arg else "spark.connect.grpc.binding.port={port}" for a in cmd], connect_server_env()
+    env = {"SPARK_LOCAL_IP": HOST, **connect_server_env()}
+    return [a if a != port_arg else "spark.connect.grpc.binding.port={port}" for a in cmd], env
 
 
 @contextlib.contextmanager

@@ -186,7 +186,8 @@ def _supervisor_alive(pid: int) -> bool:
 
 
 def _listening(port: int) -> bool:
-    """(``session.check_listening`` for a URL, as a bool: session imports this module.)"""
+    """Whether the server's port takes a connection (``session.check_listening``'s
+    probe, as a bool: session imports this module, so this one cannot import it)."""
     try:
         with socket.create_connection((HOST, port), timeout=2):
             return True
@@ -220,6 +221,7 @@ def detach() -> None:
     while _attached:
         _, (fd, _server) = _attached.popitem()
         os.close(fd)
+    _lost.clear()  # (read by the job's error handling before it detaches)
 
 
 def _gone(server: Server) -> str | None:
@@ -231,7 +233,7 @@ def _gone(server: Server) -> str | None:
     return None
 
 
-def _log_tail(path: str, chars: int = 2000) -> str:
+def _log_tail(path: str | Path, chars: int = 3000) -> str:
     try:
         with open(path, "rb") as fh:
             fh.seek(max(0, os.path.getsize(path) - chars))
@@ -299,8 +301,7 @@ def _start(settings: Settings, folder: Path, command: list[str], env: dict[str, 
         if proc.poll() is not None or time.monotonic() > deadline:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
-            tail = log.read_text(errors="replace")[-3000:]
-            raise SparkUnavailable(f"the warm driver (a local Spark Connect server) did not start; its log, {log}, ends:\n{tail}")
+            raise SparkUnavailable(f"the warm driver (a local Spark Connect server) did not start; its log, {log}, ends:\n{_log_tail(log)}")
         time.sleep(0.3)
     (folder / "current").write_text(str(port))
     return server

@@ -81,7 +81,8 @@ def remote_session(settings: Settings, *, pool: str | None = None) -> SparkSessi
     url = settings.spark_remote
     if url is None:
         raise ConfigError("remote_session needs CDC_SPARK_REMOTE")
-    if url == warm_driver.LOCAL:
+    local = url == warm_driver.LOCAL  # this home's warm driver
+    if local:
         url = warm_driver.attach(settings)
     try:
         check_listening(url)
@@ -89,7 +90,7 @@ def remote_session(settings: Settings, *, pool: str | None = None) -> SparkSessi
         server = {key: spark.conf.get(key, None) for key in _catalog_keys(settings)}
     except Exception as exc:  # grpc's errors carry the cause (refused, DNS, TLS)
         cause = str(exc).splitlines()[0][:300]
-        if settings.spark_remote == warm_driver.LOCAL:
+        if local:
             raise SparkUnavailable(
                 f"cannot reach this home's warm driver at {shown(url)}: {cause}; `cdc warm-driver status` shows it and its log "
                 "(a retry starts a new one if it ended; CDC_WARM_DRIVER_IDLE_SECONDS=0 spark-submits a driver per job instead)"
@@ -111,7 +112,7 @@ def remote_session(settings: Settings, *, pool: str | None = None) -> SparkSessi
     if pool:
         spark.conf.set("spark.scheduler.pool", pool)
     spark.addArtifacts(build_code_zip(settings.home / "dist"), pyfile=True)
-    if settings.spark_remote == warm_driver.LOCAL:
+    if local:
         _unwatch.append(warm_driver.watch(lambda reason: _fail_now(spark, reason)))
     return spark
 

@@ -39,7 +39,7 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
     for key in ("cores", "memory_gb", "python", "pyspark", "pyiceberg", "iceberg_jar", "java"):
         assert machine[key], key
 
-    for name in ("project", "textbook", "pyiceberg", "orjson_limit"):
+    for name in ("project", "project_next", "textbook", "pyiceberg", "orjson_limit"):
         c = res["contenders"][name]
         for key in ("events", "bytes", "seconds", "events_per_s", "mb_per_s"):
             assert c[key] > 0, (name, key, c)
@@ -54,8 +54,14 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
         "hourly_connect_mor_ratio",
         "hourly_warm_ratio",
         "rss_ratio",
+        "project_vs_python_pipeline",
+        "project_next_vs_python_pipeline",
     ):
         assert res["ratios"][name] > 0, name
+    # the next batch continues the main batch's history, as large as the Python-only pipeline's
+    assert (
+        abs(res["workload"]["main_next"]["events"] - res["contenders"]["pyiceberg"]["events"]) <= 1
+    )  # a key change may end a batch one event late
     assert {t["name"] for t in res["targets"]} == set(res["ratios"])
     assert all(t["status"] in ("PASS", "MISS") for t in res["targets"])
 

@@ -161,6 +161,12 @@ def test_jobs_share_one_warm_driver_which_waits_for_them_and_ends_once_idle(env,
     wait_for(lambda: not spark_servers(env["CDC_HOME"]), 60, "the server's JVM outlived its supervisor")
     assert f"ending: no job for {IDLE}s" in log_of(server)
     assert sorted(p.name for p in Path(env["CDC_HOME"], "warm-driver").iterdir() if not p.name.endswith(".log")) == ["start.lock"]
+    # the first server's JVM wrote its classes into an archive as it ended, and the next server starts from it
+    [archive] = Path(env["CDC_HOME"], "jvm").glob("server-classes-*.jsa")
+    assert not list(Path(env["CDC_HOME"], "jvm").glob("*.lock")) and not list(Path(env["CDC_HOME"], "jvm").glob("*.partial"))
+    with held(env):
+        [server] = status(env)
+        assert f"-XX:SharedArchiveFile={archive}" in " ".join(server_jvm(server["supervisor_pid"]).cmdline())
 
 
 @pytest.mark.spark

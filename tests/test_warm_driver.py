@@ -127,6 +127,12 @@ def server_jvm(supervisor_pid: int) -> psutil.Process:
     return found[0]
 
 
+def _supervisor_running(pid: int) -> bool:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    return False
+
+
 def log_of(entry: dict) -> str:
     return Path(entry["log"]).read_text(errors="replace")
 
@@ -161,7 +167,9 @@ def test_jobs_share_one_warm_driver_which_waits_for_them_and_ends_once_idle(env,
     wait_for(lambda: not spark_servers(env["CDC_HOME"]), 60, "the server's JVM outlived its supervisor")
     assert f"ending: no job for {IDLE}s" in log_of(server)
     assert sorted(p.name for p in Path(env["CDC_HOME"], "warm-driver").iterdir() if not p.name.endswith(".log")) == ["start.lock"]
-    # the first server's JVM wrote its classes into an archive as it ended, and the next server starts from it
+    # the first server's JVM wrote its classes into an archive as it ended (its supervisor puts the archive in
+    # place once it has checked it, after the server's records are gone), and the next server starts from it
+    wait_for(lambda: not _supervisor_running(server["supervisor_pid"]), 120, "the supervisor did not end")
     [archive] = Path(env["CDC_HOME"], "jvm").glob("server-classes-*.jsa")
     assert not list(Path(env["CDC_HOME"], "jvm").glob("*.lock")) and not list(Path(env["CDC_HOME"], "jvm").glob("*.partial"))
     with held(env):

@@ -183,30 +183,24 @@ def _client_figure(first: dict, warms: list[dict], bares: list[dict], events: in
 
 
 def _hourly_warm(settings, batches: list, workdir: Path, master: str) -> dict:
-    """The embedded default's DAG task (``CDC_SPARK_REMOTE=local``).  The
-    home's first warm driver writes its class archive as it ends
-    (``archive_batch_seconds``: its one batch); the next one starts from it,
-    as every warm driver after an idle end does: its first batch is
-    ``first_batch_seconds``, and the next ones attach to it."""
+    """The embedded default's DAG task (``CDC_SPARK_REMOTE=local``): the first
+    batch starts the home's warm driver (what the first hour after an idle
+    end costs), the next ones attach to it."""
     from cdc_apply.runtime import warm_driver
 
     try:
-        writer = C.connect_job("bench", batches[0].paths, workdir, warm_driver.LOCAL, "warm_archive")
-        warm_driver.stop(settings)  # as after an idle spell: the JVM writes the archive as it exits
-        archives = sorted((settings.home / "jvm").glob(f"{warm_driver.ARCHIVE}-*.jsa"))
-        first, warms, bares = _client_runs(batches[1:], workdir, master, warm_driver.LOCAL, "warm")
+        first, warms, bares = _client_runs(batches, workdir, master, warm_driver.LOCAL, "warm")
     finally:
         warm_driver.stop(settings, now=True)
     return _client_figure(
         first,
         warms,
         bares,
-        batches[2].events,
+        batches[1].events,
         "`cdc apply --files-from` with CDC_SPARK_REMOTE=local, what a DAG task on a local master runs "
         "in its process: interpreter start, imports, the job on the home's warm driver; the median of the "
-        "batches after the one that started the driver (first_batch_seconds: a driver started after an idle "
-        "end, from the class archive the home's first driver wrote, archive_batch_seconds), each beside a bare spark-submit",
-    ) | {"archive_batch_seconds": round(writer["seconds"], 3), "class_archive": "used" if archives else "none"}
+        "batches after the one that started the driver (first_batch_seconds), each beside a bare spark-submit",
+    )
 
 
 def _rate(events: int, nbytes: int, seconds: float) -> dict[str, float]:
@@ -363,7 +357,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     # then, for one Connect server: its first batch (warms its JVM; reported), hourly_runs timed warm ones, then
     # two with the source set to merge-on-read (the first switches the table; the second is timed). Both sections
     # meet the table as the spark-submit jobs left it, but for the other's few copy-on-write batches.
-    warm_batches = [main_wl.write(data / f"warm_{i}", args.hourly_events, args.events_per_file) for i in range(args.hourly_runs + 2)]
+    warm_batches = [main_wl.write(data / f"warm_{i}", args.hourly_events, args.events_per_file) for i in range(args.hourly_runs + 1)]
     connect_batches = [main_wl.write(data / f"connect_{i}", args.hourly_events, args.events_per_file) for i in range(args.hourly_runs + 3)]
     pyice_paths = _pick_capped(main_files, args.pyiceberg_cap)
     out["setup_seconds"]["generate_files"] = round(time.perf_counter() - t, 2)
@@ -608,8 +602,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
             out["hourly_warm"] = _hourly_warm(settings, warm_batches, workdir, master)
             h = out["hourly_warm"]
             say(
-                f"hourly on the warm driver: the home's first driver's batch {h['archive_batch_seconds']:.1f}s (it writes the class "
-                f"archive as it ends: {h['class_archive']}), the batch that started the next {h['first_batch_seconds']:.1f}s, next {h['job_seconds']:.1f}s "
+                f"hourly on the warm driver: the batch that started it {h['first_batch_seconds']:.1f}s, next {h['job_seconds']:.1f}s "
                 f"vs bare spark-submit {h['bare_seconds']:.1f}s (medians of {len(h['job_runs'])}: {h['job_runs']}, bare {h['bare_runs']})"
             )
 
@@ -816,8 +809,7 @@ def render(out: dict[str, Any]) -> str:
         h = out["hourly_warm"]
         lines.append(
             f"hourly on the warm driver (the embedded default): {h['events']}-event batch {h['job_seconds']:.2f}s (the batch "
-            f"that started it {h['first_batch_seconds']:.2f}s, class archive {h.get('class_archive')}; the home's first "
-            f"driver's, which wrote the archive, {h.get('archive_batch_seconds')}s), bare spark-submit {h['bare_seconds']:.2f}s"
+            f"that started it {h['first_batch_seconds']:.2f}s), bare spark-submit {h['bare_seconds']:.2f}s"
         )
     if "rss" in out:
         r = out["rss"]

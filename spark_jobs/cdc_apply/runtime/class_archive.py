@@ -45,13 +45,7 @@ def java_binary() -> str:
     return shutil.which("java") or "java"
 
 
-DRIVER = "driver-classes"
-"""The archives' name of the DAG's spark-submit drivers; the warm driver's
-server names its own (``warm_driver.ARCHIVE``): each kind replaces only its
-own earlier archives."""
-
-
-def archive_path(directory: Path, jars: list[str], java_options: str, kind: str = DRIVER) -> Path:
+def archive_path(directory: Path, jars: list[str], java_options: str) -> Path:
     """The archive for this JDK, Spark, jars and JVM options: any change of
     them names another file, so a stale archive is never used."""
     h = hashlib.sha256()
@@ -64,7 +58,7 @@ def archive_path(directory: Path, jars: list[str], java_options: str, kind: str 
         st = f.stat() if f.exists() else None
         parts.append(f"{f}:{st.st_size if st else -1}:{st.st_mtime_ns if st else -1}")
     h.update("\n".join(parts).encode())
-    return directory / f"{kind}-{h.hexdigest()[:16]}.jsa"
+    return directory / f"driver-classes-{h.hexdigest()[:16]}.jsa"
 
 
 def loads(archive: Path) -> bool:
@@ -99,7 +93,7 @@ def _take_lock(lock: Path) -> bool:
 
 @contextlib.contextmanager
 def driver_with_archive(
-    conf: dict[str, str], jars: list[str], directory: Path, default_options: str, extra_options: str = "", kind: str = DRIVER
+    conf: dict[str, str], jars: list[str], directory: Path, default_options: str, extra_options: str = ""
 ) -> Iterator[dict[str, str]]:
     """The conf of one spark-submit job, its driver set to use the class
     archive, or to write it if there is none yet.
@@ -113,7 +107,7 @@ def driver_with_archive(
     if options != default_options:
         yield conf
         return
-    archive = archive_path(directory, jars, options, kind)
+    archive = archive_path(directory, jars, options)
     if archive.is_file():
         yield {**conf, JAVA_OPTIONS: " ".join(o for o in (options, extra_options, f"-XX:SharedArchiveFile={archive}") if o)}
         return
@@ -134,7 +128,7 @@ def driver_with_archive(
         try:
             if partial.is_file() and loads(partial):
                 os.replace(partial, archive)
-                for old in directory.glob(f"{kind}-*.jsa"):  # of an earlier JDK, Spark, jars or options
+                for old in directory.glob("driver-classes-*.jsa"):  # of an earlier JDK, Spark, jars or options
                     if old != archive:
                         old.unlink(missing_ok=True)  # a JVM that maps it keeps its pages
             else:

@@ -58,8 +58,6 @@ from pathlib import Path
 
 from cdc_apply.config import Settings
 from cdc_apply.errors import SparkUnavailable
-from cdc_apply.runtime import class_archive
-from cdc_apply.runtime.logs import jvm_options
 
 LOCAL = "local"
 """``CDC_SPARK_REMOTE=local``: attach to this home's warm driver (started on first use)."""
@@ -70,9 +68,6 @@ KEEP_LOGS = 5
 MODULE = "cdc_apply.runtime.warm_driver"
 TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
 """the server's pre-shared key (Spark Connect reads it from its environment)"""
-ARCHIVE = "server-classes"
-"""the name of the server JVMs' class archives (``class_archive``), in the
-home's ``jvm`` folder beside the spark-submit drivers' own"""
 WATCH_SECONDS = 1.0
 """how often a job checks that its server still runs (``watch``)"""
 
@@ -287,7 +282,6 @@ def _start(settings: Settings, folder: Path, command: list[str], env: dict[str, 
     port = _free_port()
     log = folder / f"server-{port}-{int(time.time())}.log"
     argv = [sys.executable, "-m", MODULE, "--folder", str(folder), "--port", str(port)]
-    argv += ["--class-archive-dir", str(settings.home / "jvm"), f"--jvm-logging={jvm_options(settings.log_verbose)}"]
     argv += ["--idle-seconds", str(settings.warm_driver_idle_seconds), "--", *(a.replace("{port}", str(port)) for a in command)]
     token = secrets.token_urlsafe(32)
     with log.open("ab") as out:
@@ -389,38 +383,13 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
-def supervise(
-    folder: Path,
-    port: int,
-    idle_seconds: float,
-    command: list[str],
-    interval: float | None = None,
-    archive_dir: Path | None = None,
-    jvm_logging: str = "",
-) -> int:
+def supervise(folder: Path, port: int, idle_seconds: float, command: list[str], interval: float | None = None) -> int:
     """Run the server until it exits, is asked to stop (SIGTERM), or
-    ``_end_reason`` finds it unused; then end it and remove its records.
-    With ``archive_dir``, the server starts from the class archive there
-    (``_with_class_archive``; ``jvm_logging``: ``logs.jvm_options``)."""
+    ``_end_reason`` finds it unused; then end it and remove its records."""
+    server = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)  # one thread: preexec_fn is safe
     asked: list[str] = []
     signal.signal(signal.SIGTERM, lambda *_: asked.append("asked to stop"))
-    with _with_class_archive(command, archive_dir, jvm_logging) as run:
-        try:
-            reason = _serve(folder, port, idle_seconds, run, asked, interval or min(5.0, max(0.5, idle_seconds / 10)))
-        finally:
-            with _locked(folder / "start.lock"):
-                if _ours(current_server(folder), port):
-                    (folder / "current").unlink(missing_ok=True)
-                if _ours(read_server(folder, port), port):
-                    (folder / f"server-{port}.json").unlink(missing_ok=True)
-                    (folder / f"clients-{port}.lock").unlink(missing_ok=True)
-    return 1 if reason.startswith("the server exited") else 0
-
-
-def _serve(folder: Path, port: int, idle_seconds: float, command: list[str], asked: list[str], interval: float) -> str:
-    """The server's life: why it ended, once it has (a JVM writing its class
-    archive takes ~15 s more to exit, which ``END_SECONDS`` allows)."""
-    server = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)  # one thread: preexec_fn is safe
+    interval = interval or min(5.0, max(0.5, idle_seconds / 10))
     last_used = time.monotonic()
     reason = "supervisor error"
     try:
@@ -443,36 +412,16 @@ def _serve(folder: Path, port: int, idle_seconds: float, command: list[str], ask
         if server.poll() is None:
             server.terminate()
             try:
-                server.wait(timeout=END_SECONDS)
+                server.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 server.kill()
-    return reason
-
-
-END_SECONDS = 180.0
-"""How long an ending server may take to exit before it is killed."""
-
-
-@contextlib.contextmanager
-def _with_class_archive(command: list[str], directory: Path | None, jvm_logging: str) -> Iterator[list[str]]:
-    """The server's command, its JVM set to start from the class archive
-    (``class_archive``), or to write it when it exits if there is none yet.
-    Measured: the first batch after the server starts, ~28-30 s without
-    and ~25-26 s with it; the JVM that writes it runs its first batch ~12 s slower,
-    once (bench/README.md, issue 20 step 37).  Not with Java options of the
-    user's own (``CDC_SPARK_CONF_spark__driver__extraJavaOptions``).  The
-    option goes on the JVM's command only, not into the server's
-    fingerprint: a server started before its archive existed is still the
-    same server."""
-    confs = [command[i + 1] for i, a in enumerate(command[:-1]) if a == "--conf"]
-    jars = [command[i + 1] for i, a in enumerate(command[:-1]) if a == "--jars"]
-    if directory is None or any(c.startswith(class_archive.JAVA_OPTIONS + "=") for c in confs):
-        yield command
-        return
-    jar_list = [j for js in jars for j in js.split(",") if j]
-    with class_archive.driver_with_archive({class_archive.JAVA_OPTIONS: ""}, jar_list, directory, "", jvm_logging, ARCHIVE) as conf:
-        options = conf[class_archive.JAVA_OPTIONS]
-        yield [command[0], "--conf", f"{class_archive.JAVA_OPTIONS}={options}", *command[1:]] if options else command
+        with _locked(folder / "start.lock"):
+            if _ours(current_server(folder), port):
+                (folder / "current").unlink(missing_ok=True)
+            if _ours(read_server(folder, port), port):
+                (folder / f"server-{port}.json").unlink(missing_ok=True)
+                (folder / f"clients-{port}.lock").unlink(missing_ok=True)
+    return 1 if reason.startswith("the server exited") else 0
 
 
 BUSY = "busy"
@@ -510,12 +459,10 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--folder", type=Path, required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--idle-seconds", type=float, required=True)
-    p.add_argument("--class-archive-dir", type=Path, help="start the server from its class archive there (or write it)")
-    p.add_argument("--jvm-logging", default="", help="JVM options beside the archive's (give as --jvm-logging=...)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    return supervise(args.folder, args.port, args.idle_seconds, command, archive_dir=args.class_archive_dir, jvm_logging=args.jvm_logging)
+    return supervise(args.folder, args.port, args.idle_seconds, command)
 
 
 if __name__ == "__main__":

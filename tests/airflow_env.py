@@ -32,8 +32,9 @@ def airflow_env(airflow_home: Path, cdc_home: Path, **extra: str) -> dict[str, s
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "PYTHONPATH": f"{ROOT / 'spark_jobs'}{os.pathsep}{ROOT / 'plugins'}",
             "CDC_SPARK_CONF_spark__sql__shuffle__partitions": "2",
-            # a test's warm driver ends soon after its last job, should its teardown not stop it
-            "CDC_WARM_DRIVER_IDLE_SECONDS": "120",
+            # a test's warm driver ends after its last job, should its teardown not stop it; not sooner than a
+            # slow machine's pause between two of a test's DAG runs (at 120 s a backfill's next run met a new one)
+            "CDC_WARM_DRIVER_IDLE_SECONDS": "600",
             # a 500 from the api-server carries the database's own error, so a
             # test can tell SQLite's "database is locked" race from a real fault
             "AIRFLOW__API__EXPOSE_STACKTRACE": "True",

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.airflow_env import airflow, airflow_env, stop_warm_driver
+from tests.sample import FULL
 from tests.servers import running_connect_server
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
@@ -80,13 +81,15 @@ def _orders_file(settings) -> None:
     write_jsonl(Path(settings.archive_dir) / "pg_inventory" / "2026/01/01/00" / "orders-0000.jsonl", lines)
 
 
-@pytest.fixture(params=["warm-driver", "spark-submit", "spark-connect"])
+@pytest.fixture(params=["warm-driver", "spark-connect", *(["spark-submit"] if FULL else [])])
 def attach_spark(request, tmp_path):
     """How the DAG's Spark tasks run: ``attach(env)`` leaves spark_default a
     spark connection on a local master, whose tasks attach to the home's warm
     driver (the embedded default) or, with CDC_WARM_DRIVER_IDLE_SECONDS=0,
     spark-submit a job each; or starts a Spark Connect server with env's
-    settings and points a spark_connect spark_default at it."""
+    settings and points a spark_connect spark_default at it.  The DAG's
+    spark-submit jobs run in CI on a cluster (``test_spark_cluster``), so the
+    local spark-submit variant runs with ``CDC_TEST_FULL=1`` (tests/sample.py)."""
     with contextlib.ExitStack() as stack:
 
         def attach(env: dict[str, str]) -> None:

@@ -136,10 +136,14 @@ def test_data_docs_open_from_the_ui_without_network(ui, failed_run, monkeypatch)
     needs_browser()
     page = ui.page(url.removeprefix(ui.base))
     # bootstrap-table (bundled) renders the validation list: it stays empty when a script it needs is missing
+    # (the rows' HTML read in the page, in one script: bootstrap-table may re-render them between two calls)
     rows = ui.wait_for(
-        lambda: page.find_elements("css selector", ".tab-pane.active table tbody tr[data-index]"), what="the validation list"
+        lambda: page.execute_script(
+            "return Array.from(document.querySelectorAll('.tab-pane.active table tbody tr[data-index]')).map(r => r.innerHTML)"
+        ),
+        what="the validation list",
     )
-    assert "Failed" in rows[0].get_attribute("innerHTML") or page.find_elements("css selector", ".tab-pane.active .fa-times")
+    assert "Failed" in rows[0] or page.find_elements("css selector", ".tab-pane.active .fa-times")
     assert not [e for e in page.get_log("browser") if e["level"] == "SEVERE"]
     origins = page.execute_script("return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")
     assert set(origins) <= {ui.base}, origins

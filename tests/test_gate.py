@@ -21,6 +21,7 @@ from cdc_apply.apply import branches, merge
 from cdc_apply.apply.gate import GateAhead
 from cdc_apply.model import Quarantined
 from tests.apply_harness import apply_events, event, live_rows
+from tests.sample import FULL
 
 pytestmark = pytest.mark.spark
 _ns = itertools.count()
@@ -340,7 +341,7 @@ _KEY = st.tuples(
 )
 
 
-@hsettings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@hsettings(max_examples=40 if FULL else 12, deadline=None, suppress_health_check=list(HealthCheck))  # CI: tests/sample.py
 @given(st.lists(_KEY, min_size=1, max_size=3))
 @example([(("upsert", "03"), [("03", True)], None)])  # held at the batch's position, but as a tombstone
 @example([(("delete", "05"), [("05", False)], "03"), (None, [("01", False), ("01", False)], None)])  # a twin outside the batch

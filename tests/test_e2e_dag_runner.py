@@ -3,8 +3,9 @@ demo archive files in two tables: a gate failure fails only its table,
 without retry; a forced run publishes; the tables are read back with
 pyiceberg; a run with nothing pending changes nothing.  Once with the
 embedded default (the Spark tasks as clients of the home's warm driver),
-once with a spark-submit job per Spark task, once with the tasks as clients
-of a Spark Connect server (a ``spark_connect`` spark_default)."""
+once with the tasks as clients of a Spark Connect server (a
+``spark_connect`` spark_default), and with ``CDC_TEST_FULL=1`` once more
+with a spark-submit job per Spark task."""
 
 from __future__ import annotations
 

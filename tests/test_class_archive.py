@@ -14,7 +14,7 @@ import pytest
 
 from cdc_apply.runtime import class_archive as ca
 
-OPTS = "-XX:TieredStopAtLevel=1"
+OPTS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 KEY = ca.JAVA_OPTIONS
 
 
@@ -114,3 +114,20 @@ def test_a_folder_that_cannot_hold_the_archive_only_costs_the_archive(tmp_path):
     blocked.write_text("a file where the folder should be")
     with ca.driver_with_archive({KEY: OPTS}, [], blocked, OPTS) as conf:
         assert conf == {KEY: OPTS}
+
+
+def test_the_short_lived_drivers_jvm_keeps_the_tiered_code_cache():
+    """C1 only (``DRIVER_JAVA_OPTIONS``) would shrink the JVM's code cache to
+    48 MB, and a session of a few dozen small batches died of it ("Out of
+    space in CodeCache for adapters"); the options keep the tiered 240 MB."""
+    from cdc_apply.runtime.spark_conf import DRIVER_JAVA_OPTIONS
+
+    def flags(options: str) -> dict[str, str]:
+        out = subprocess.run(
+            [ca.java_binary(), *shlex.split(options), "-XX:+PrintFlagsFinal", "-version"], capture_output=True, text=True, check=True
+        ).stdout
+        return {f[1]: f[3] for f in (line.split() for line in out.splitlines()) if len(f) >= 4 and f[2] == "="}
+
+    assert int(flags("-XX:TieredStopAtLevel=1")["ReservedCodeCacheSize"]) < 100 * 2**20  # what the option alone gives
+    short_lived = flags(DRIVER_JAVA_OPTIONS)
+    assert short_lived["TieredStopAtLevel"] == "1" and int(short_lived["ReservedCodeCacheSize"]) >= int(flags("")["ReservedCodeCacheSize"])

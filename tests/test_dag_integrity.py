@@ -85,7 +85,7 @@ def test_submit_spec_tunes_the_short_lived_jvm(monkeypatch, cdc_home, dagbag):
     assert (
         submit_spec(Settings.from_env(), os.environ).conf["spark.driver.extraJavaOptions"]
         == DRIVER_JAVA_OPTIONS
-        == "-XX:TieredStopAtLevel=1"
+        == "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
     )
     monkeypatch.setenv("CDC_SPARK_CONF_spark__driver__extraJavaOptions", "")
     assert submit_spec(Settings.from_env(), os.environ).conf["spark.driver.extraJavaOptions"] == ""

@@ -1,11 +1,11 @@
 """End to end with Airflow's own runner (`airflow dags test cdc_apply`) over
 demo archive files in two tables: a gate failure fails only its table,
 without retry; a forced run publishes; the tables are read back with
-pyiceberg; a run with nothing pending changes nothing.  Once with the
-embedded default (the Spark tasks as clients of the home's warm driver),
-once with the tasks as clients of a Spark Connect server (a
-``spark_connect`` spark_default), and with ``CDC_TEST_FULL=1`` once more
-with a spark-submit job per Spark task."""
+pyiceberg; a run with nothing pending changes nothing.  In CI with the
+embedded default (the Spark tasks as clients of the home's warm driver); in
+the full suite (``CDC_TEST_FULL=1``) also with the tasks as clients of a
+Spark Connect server (a ``spark_connect`` spark_default) and with a
+spark-submit job per Spark task."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from tests.airflow_env import airflow, airflow_env, stop_warm_driver
-from tests.sample import FULL
 from tests.servers import running_connect_server
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
@@ -82,15 +81,19 @@ def _orders_file(settings) -> None:
     write_jsonl(Path(settings.archive_dir) / "pg_inventory" / "2026/01/01/00" / "orders-0000.jsonl", lines)
 
 
-@pytest.fixture(params=["warm-driver", "spark-connect", *(["spark-submit"] if FULL else [])])
+@pytest.fixture(
+    params=["warm-driver", pytest.param("spark-connect", marks=pytest.mark.full), pytest.param("spark-submit", marks=pytest.mark.full)]
+)
 def attach_spark(request, tmp_path):
     """How the DAG's Spark tasks run: ``attach(env)`` leaves spark_default a
     spark connection on a local master, whose tasks attach to the home's warm
     driver (the embedded default) or, with CDC_WARM_DRIVER_IDLE_SECONDS=0,
     spark-submit a job each; or starts a Spark Connect server with env's
-    settings and points a spark_connect spark_default at it.  The DAG's
-    spark-submit jobs run in CI on a cluster (``test_spark_cluster``), so the
-    local spark-submit variant runs with ``CDC_TEST_FULL=1`` (tests/sample.py)."""
+    settings and points a spark_connect spark_default at it.  The other two
+    variants are the full suite's: a task on a Spark Connect server runs the
+    warm-driver variant's client path (the connection's URL is checked in
+    ``test_dag_integrity``), and the DAG's spark-submit jobs run in CI on a
+    cluster (``test_spark_cluster``)."""
     with contextlib.ExitStack() as stack:
 
         def attach(env: dict[str, str]) -> None:

@@ -87,7 +87,11 @@ def test_hostile_identifiers_are_refused_or_stored_exactly_and_inject_nothing(sp
     assert trial.figures["identifiers"] == len(names) * len(identifiers.ROLES)
 
 
-@pytest.mark.parametrize("fault", ["rewrite-new-size", "redelivered", "catalog-locked"])
+@pytest.mark.parametrize(
+    "fault",
+    # CI's sample: the redelivery (the one whose failure would double rows); the long run tries every kind
+    [pytest.param("rewrite-new-size", marks=pytest.mark.full), "redelivered", pytest.param("catalog-locked", marks=pytest.mark.full)],
+)
 def test_file_faults_are_refused_loudly_or_idempotent(spark, settings, tmp_path, fault):
     from tests.nemesis import faults
 

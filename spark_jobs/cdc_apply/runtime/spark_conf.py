@@ -24,8 +24,13 @@ S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 # with the work and its code arrives too late to pay off.  Measured on 2 cores
 # (bench/README.md): a 1k-event hourly job 27.9 -> 22 s, a 200k-event job
 # 58.6 -> 51.1 s.  A Connect server lives for days and keeps the default.
-# To drop it: CDC_SPARK_CONF_spark__driver__extraJavaOptions= (empty).
-DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+# C1 only also shrinks the JVM's default code cache from 240 MB to 48 MB, and
+# a driver that outgrows it dies ("Out of space in CodeCache for adapters"):
+# a session that ran a few dozen small batches did.  A job of many tables is
+# such a driver, so it keeps the tiered default's 240 MB (reserved address
+# space, committed only as code is compiled).
+# To drop both: CDC_SPARK_CONF_spark__driver__extraJavaOptions= (empty).
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 def session_defaults(settings: Settings) -> dict[str, str]:

@@ -32,9 +32,20 @@ def settings(cdc_home):
 
 @pytest.fixture(scope="session")
 def spark(settings):
-    from cdc_apply.runtime.session import get_spark
+    """The worker's session, its JVM with the C1-only JIT of a short-lived
+    driver (``DRIVER_JAVA_OPTIONS``): CI runs three workers on two cores, so
+    C2's compiler threads take their share of the cores from the tests.  15
+    rule tests: 292 s of JVM CPU with C2, ~212 s without, the same wall time
+    on an idle machine (bench/README, step 39).  The JIT tier changes no
+    result; the product's own drivers keep their own choice."""
+    from dataclasses import replace
 
-    session = get_spark(settings, app_name="cdc-tests")
+    from cdc_apply.runtime.class_archive import JAVA_OPTIONS
+    from cdc_apply.runtime.session import get_spark
+    from cdc_apply.runtime.spark_conf import DRIVER_JAVA_OPTIONS
+
+    conf = {JAVA_OPTIONS: DRIVER_JAVA_OPTIONS, **settings.extra_spark_conf}  # a CDC_SPARK_CONF_ of the user's wins
+    session = get_spark(replace(settings, extra_spark_conf=conf), app_name="cdc-tests")
     yield session
     session.stop()
 

@@ -199,7 +199,7 @@ def _java_commands(proc) -> list[list[str]]:
     return list(seen.values())
 
 
-def test_the_cdc_command_starts_a_short_lived_driver_and_a_kept_session_does_not(spark, tmp_path):
+def test_the_cdc_command_starts_a_short_lived_driver_and_a_kept_session_does_not(settings, tmp_path):
     """`cdc` runs one command and exits: the driver JVM it starts gets a
     spark-submit job's C1-only JIT (``session.one_command_process``), as a
     JVM option, not only as Spark conf.  A session kept for many batches (the
@@ -209,7 +209,6 @@ def test_the_cdc_command_starts_a_short_lived_driver_and_a_kept_session_does_not
     import subprocess
     import sys
 
-    from cdc_apply.config import Settings
     from cdc_apply.runtime.spark_conf import DRIVER_JAVA_OPTIONS, session_conf
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_SPARK_CONF_")} | {"CDC_HOME": str(tmp_path / "home")}
@@ -228,4 +227,4 @@ def test_the_cdc_command_starts_a_short_lived_driver_and_a_kept_session_does_not
     main_class = java.index("org.apache.spark.deploy.SparkSubmit")
     assert set(shlex.split(DRIVER_JAVA_OPTIONS)) <= set(java[:main_class]), java  # options of the JVM itself
     # a kept session's conf has none (the tests' own session is given C1 by tests/conftest.py, for CI's cores)
-    assert "spark.driver.extraJavaOptions" not in session_conf(Settings.from_env(), own_short_lived_driver=False)
+    assert "spark.driver.extraJavaOptions" not in session_conf(settings, own_short_lived_driver=False)

@@ -287,9 +287,8 @@ def test_a_job_whose_warm_driver_dies_under_it_fails_at_once_and_its_retry_appli
     assert f"the warm driver {server['url']} ended during this job" in text and server["log"] in text, text[-3000:]
     retried = cdc(job_env, "apply", "--source", "pg_inventory")
     assert retried.returncode == 0, retried.stderr[-3000:]
-    servers = status(env)
-    assert [s["url"] for s in servers] != [server["url"]] and len(servers) == 1, servers
-    assert len(spark_servers(env["CDC_HOME"])) == 1
+    [second] = status(env)  # read before the table, while the retry's server still runs
+    assert second["url"] != server["url"] and len(spark_servers(env["CDC_HOME"])) == 1
     check_demo_table(env)  # the batch once, whole: nothing lost or doubled by the crash
 
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cdc_apply.runtime.spark_conf import DRIVER_JAVA_OPTIONS
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
@@ -32,6 +34,9 @@ def airflow_env(airflow_home: Path, cdc_home: Path, **extra: str) -> dict[str, s
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "PYTHONPATH": f"{ROOT / 'spark_jobs'}{os.pathsep}{ROOT / 'plugins'}",
             "CDC_SPARK_CONF_spark__sql__shuffle__partitions": "2",
+            # a test home's servers live for a few batches: C1 only, as a short-lived driver (tests/conftest.py's
+            # ``spark``); the DAG's spark-submit jobs get the same options as without it (and their class archive)
+            "CDC_SPARK_CONF_spark__driver__extraJavaOptions": DRIVER_JAVA_OPTIONS,
             # a test's warm driver ends after its last job, should its teardown not stop it; not sooner than a
             # slow machine's pause between two of a test's DAG runs (at 120 s a backfill's next run met a new one)
             "CDC_WARM_DRIVER_IDLE_SECONDS": "600",

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from cdc_apply.runtime.spark_conf import DRIVER_JAVA_OPTIONS
 from tests.airflow_env import VENV_BIN
 from tests.test_e2e_dag_runner import check_demo_table
 
@@ -57,6 +58,7 @@ def env(tmp_path) -> Iterator[dict[str, str]]:
         "CDC_WARM_DRIVER_IDLE_SECONDS": str(IDLE),
         "CDC_SPARK_CONF_spark__ui__enabled": "false",
         "CDC_SPARK_CONF_spark__sql__shuffle__partitions": "2",
+        "CDC_SPARK_CONF_spark__driver__extraJavaOptions": DRIVER_JAVA_OPTIONS,  # a test's server lives for a few batches
     }
     env.pop("CDC_SPARK_REMOTE", None)
     yield env

@@ -168,6 +168,60 @@ def test_a_batch_leaves_nothing_cached_in_the_session(spark, settings, ns, tmp_p
     assert cached() - before == set()
 
 
+@pytest.mark.parametrize("small", [True, False], ids=["small-batch", "large-batch"])
+def test_the_reconciliation_reads_a_small_batch_s_net_changes_cut_off_from_their_plan(spark, settings, ns, monkeypatch, small):
+    """A small batch's net changes are a local checkpoint by the time the
+    reconciliation (and the MERGE) read them: their plan is the kept rows,
+    not the decode, windows, join and fold under them, which every later
+    query would analyse again (``session.cut_off``).  A batch past
+    ``SMALL_BATCH_MESSAGES`` reads them from the cache, as before.  Either
+    way the batch publishes the same rows, and leaves nothing kept
+    (``test_a_batch_leaves_nothing_cached_in_the_session``)."""
+    from cdc_apply.apply import gate
+    from cdc_apply.runtime import spark_conf
+
+    if not small:
+        monkeypatch.setattr(spark_conf, "SMALL_BATCH_MESSAGES", 1)
+    plans = []
+    reconcile = gate.reconcile
+
+    def watched(branch, base_live, live_after, folded, *args, **kwargs):
+        plans.append(folded._jdf.queryExecution().optimizedPlan().toString())
+        return reconcile(branch, base_live, live_after, folded, *args, **kwargs)
+
+    monkeypatch.setattr(gate, "reconcile", watched)
+    r = apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1), event("u", 1, {"name": "b"}, pos=2)])
+    assert r.status == "complete", r.message
+    assert live_rows(spark, settings, ns, "items", ["id"], COLS) == {("1",): {"id": "1", "name": "b", "amount": "1.00"}}
+    [plan] = plans
+    assert ("LogicalRDD" in plan) is small and ("InMemoryRelation" in plan) is not small, plan
+    if small:  # a cached frame's plan prints the plan under it
+        assert "Window" not in plan and "Join" not in plan, plan
+
+
+def test_data_docs_pages_reuse_the_templates_compiled_for_an_earlier_batch(spark, settings, ns, monkeypatch):
+    """GX gives each page view its own Jinja environment; the process's
+    views share one cache of compiled templates (``gx_import.share_compiled_templates``),
+    so a batch after the first compiles none, and still writes its pages."""
+    import jinja2
+
+    first = apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
+    assert first.status == "complete", first.message
+    compiled = []
+    compile_ = jinja2.Environment.compile
+
+    def counted(self, *args, **kwargs):
+        compiled.append(args[1] if len(args) > 1 else kwargs.get("name"))
+        return compile_(self, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counted)
+    second = apply_events(spark, settings, ns, [event("u", 1, {"name": "b"}, pos=2)])
+    assert second.status == "complete", second.message
+    docs = second.tables[0].data_docs
+    assert docs and docs != first.tables[0].data_docs and "html" in Path(docs).read_text()[:200].lower()
+    assert compiled == [], compiled
+
+
 def test_a_passing_suite_runs_once_for_its_verdict_alone(spark, settings, ns, monkeypatch):
     from cdc_apply.apply.gx_import import import_great_expectations
 

@@ -9,6 +9,9 @@ each is loaded on first use of one of its attributes.  Python 3.11's lazy
 module is not safe to load from two threads at once, so the gate loads them
 itself, under a lock, before it runs a user suite (``load_deferred``); the
 generated suites never touch them.
+
+It also keeps the Data Docs' compiled page templates for the process
+(``share_compiled_templates``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from typing import Any
 
 DEFERRED = ("altair", "scipy.stats")
 _lock = threading.Lock()
+_shared_templates: list[Any] = []
+"""the process's one cache of compiled Data Docs templates, once made"""
 
 
 class _DeferredFinder(importlib.abc.MetaPathFinder):
@@ -53,7 +58,47 @@ def import_great_expectations() -> Any:
     import great_expectations
     from great_expectations.expectations import registry  # noqa: F401
 
+    share_compiled_templates()
     return great_expectations
+
+
+def share_compiled_templates() -> None:
+    """Every Data Docs page view of the process shares one cache of compiled
+    templates (a Jinja bytecode cache, Jinja's own extension point).
+
+    GX gives each page view a Jinja environment of its own, and each
+    environment compiles the ~50 templates of a page again: ~0.4-0.7 s of a
+    small batch's gate, every batch (bench/README, issue 20 step 40).  The
+    cache keeps the compiled code by template name and source checksum, so a
+    changed template compiles anew; the views' filters are their own, looked
+    up as each page renders."""
+    import jinja2
+    from great_expectations.render.view.view import DefaultJinjaView
+
+    class CompiledTemplates(jinja2.BytecodeCache):
+        def __init__(self) -> None:
+            self.code: dict[str, bytes] = {}
+
+        def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+            code = self.code.get(bucket.key)
+            if code is not None:
+                bucket.bytecode_from_string(code)  # checks the source checksum: a stale one is not used
+
+        def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+            self.code[bucket.key] = bucket.bytecode_to_string()
+
+    with _lock:
+        if _shared_templates:
+            return
+        cache = CompiledTemplates()
+        own_init = DefaultJinjaView.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            own_init(self, *args, **kwargs)
+            self.env.bytecode_cache = cache
+
+        DefaultJinjaView.__init__ = init  # type: ignore[method-assign]
+        _shared_templates.append(cache)
 
 
 def load_deferred() -> None:

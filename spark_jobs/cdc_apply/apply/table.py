@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +27,7 @@ from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.config import Settings, SourceConfig
 from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalError
 from cdc_apply.results import TableResult
-from cdc_apply.runtime import spark_conf
+from cdc_apply.runtime import session, spark_conf
 from cdc_apply.runtime.background import Background
 from cdc_apply.runtime.session import described
 from cdc_apply.status import Status
@@ -259,20 +259,29 @@ def _write(
     n_events = int(meta["n"])
     prune = n_events <= compact.BROADCAST_ROWS_MAX and n_events * PRUNE_STATE_MIN_RATIO <= base_live
 
-    def net_changes(events: DataFrame) -> tuple[DataFrame, compact.Accounting]:
-        """The batch's net changes, cached and counted (``compact.cache_counted``)."""
+    def net_changes(events: DataFrame) -> tuple[DataFrame, compact.Accounting, Callable[[], object]]:
+        """The batch's net changes, cached and counted (``compact.cache_counted``),
+        and how to let them go; a small batch's cut off from their plan
+        (``session.cut_off``), which its later queries would read again."""
         with _phase(spark, tr, "label"):
             net = compact.net_changes(events, state, spec.key_columns, truncated_at, width=len(spec.columns), prune=prune)
-            return compact.cache_counted(net, spec.key_columns, list(spec.columns))
+            cached, acc = compact.cache_counted(net, spec.key_columns, list(spec.columns))
+            if n_events > spark_conf.SMALL_BATCH_MESSAGES:
+                return cached, acc, cached.unpersist
+            try:
+                kept, release = session.cut_off(cached)
+            finally:
+                cached.unpersist()
+            return kept, acc, release
 
-    net, acc = net_changes(prepared)
+    net, acc, release = net_changes(prepared)
     try:
         counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
         if acc.null_keys:  # rare: quarantine them, apply the rest (a missing key never blocks the source)
             keyless = _quarantine_keyless(work, spec, rows)
-            net.unpersist()
+            release()
             prepared = prepared.where(~compact.null_key_filter(spec.key_columns))
-            net, acc = net_changes(prepared)
+            net, acc, release = net_changes(prepared)
             counts, tr.position_min, tr.position_max = acc.counts, acc.position_min, acc.position_max
             counts["quarantined"] = keyless
             if keyless > work.source.quarantine_max_share * n_events:
@@ -346,7 +355,7 @@ def _write(
             _keep_live_rows(spark, spec, tr.branch_snapshot, live_after)
         tr.status = Status.WRITTEN
     finally:
-        net.unpersist()
+        release()
         moved.release()
 
 

@@ -9,7 +9,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 
-from pyspark.sql import Observation, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 
 from cdc_apply.config import Settings
 from cdc_apply.runtime import warm_driver
@@ -147,6 +147,30 @@ def classic_observation() -> Observation:
     observation = object.__new__(Observation)
     observation.__init__()  # type: ignore[misc]
     return observation
+
+
+def cut_off(cached: DataFrame) -> tuple[DataFrame, Callable[[], object]]:
+    """A small cached frame's rows, cut off from the plan that made them (a
+    local checkpoint, built now from the cache by one job), and how to let
+    them go.
+
+    Why: every later query on a frame re-reads the plan under it.  A frame
+    descending from a cached one is analysed over all of that plan, and
+    Spark looks for cached parts in it (on Spark Connect the client sends
+    the whole plan again, and the server analyses it anew).  A batch's net
+    changes stand on the decode, the labelling's windows, its join with the
+    table and the fold: a 3-event batch's reconciliation took 1.1-1.2 s
+    over them, 0.5 s over a checkpoint of them (bench/README, issue 20 step
+    40).  For small frames only: a checkpoint keeps the rows deserialised,
+    which for a large batch is hundreds of MB more heap than the cache
+    (step 28).  An executor lost meanwhile loses its part and fails the
+    batch (Spark says a checkpoint block was not found), which then runs
+    again whole, as after any failure."""
+    checkpoint = cached.localCheckpoint(eager=True)
+    if is_remote(cached.sparkSession):  # the server frees it with the client's frame
+        return checkpoint, lambda: None
+    blocks = checkpoint._jdf.queryExecution().logical().rdd()  # the checkpoint's LogicalRDD holds its blocks
+    return checkpoint, lambda: blocks.unpersist(False)
 
 
 @contextlib.contextmanager

@@ -199,27 +199,48 @@ def test_the_reconciliation_reads_a_small_batch_s_net_changes_cut_off_from_their
         assert "Window" not in plan and "Join" not in plan, plan
 
 
-def test_data_docs_pages_reuse_the_templates_compiled_for_an_earlier_batch(spark, settings, ns, monkeypatch):
-    """GX gives each page view its own Jinja environment; the process's
-    views share one cache of compiled templates (``gx_import.share_compiled_templates``),
-    so a batch after the first compiles none, and still writes its pages."""
+def test_a_later_batch_s_gate_compiles_no_template_and_parses_no_config_variables(spark, settings, ns, monkeypatch):
+    """The gate's fixed cost per batch.  GX gives each page view its own
+    Jinja environment; the process's views share one cache of compiled
+    templates (``gx_import.share_compiled_templates``), so a batch after the
+    first compiles none.  A file context parses its ``config_variables.yml``
+    on every configuration lookup; the gate's projects have none once made
+    (``gate.without_config_variables``).  The batch still writes its pages."""
     import jinja2
+    from great_expectations.core import config_provider
+
+    from cdc_apply.apply import gate
 
     first = apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
     assert first.status == "complete", first.message
-    compiled = []
+    compiled, parsed, made = [], [], []
     compile_ = jinja2.Environment.compile
+    load = config_provider.yaml.load
+    without = gate.without_config_variables
+
+    def project_made(ctx):
+        without(ctx)
+        made.append(ctx)
 
     def counted(self, *args, **kwargs):
         compiled.append(args[1] if len(args) > 1 else kwargs.get("name"))
         return compile_(self, *args, **kwargs)
 
+    def parsing(*args, **kwargs):
+        if made:  # (making the project parses the file it writes)
+            parsed.append(args)
+        return load(*args, **kwargs)
+
     monkeypatch.setattr(jinja2.Environment, "compile", counted)
+    monkeypatch.setattr(config_provider.yaml, "load", parsing)
+    monkeypatch.setattr(gate, "without_config_variables", project_made)
     second = apply_events(spark, settings, ns, [event("u", 1, {"name": "b"}, pos=2)])
     assert second.status == "complete", second.message
     docs = second.tables[0].data_docs
     assert docs and docs != first.tables[0].data_docs and "html" in Path(docs).read_text()[:200].lower()
     assert compiled == [], compiled
+    assert made and parsed == [], f"{len(parsed)} parse(s) of config variables after the project was made"
+    assert not list(Path(docs).parents[3].rglob("config_variables.yml"))
 
 
 def test_a_passing_suite_runs_once_for_its_verdict_alone(spark, settings, ns, monkeypatch):

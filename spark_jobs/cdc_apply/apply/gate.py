@@ -146,6 +146,7 @@ def _run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns:
     root = settings.home / "data_docs" / batch_id / identifier.replace(".", "_")
     root.mkdir(parents=True, exist_ok=True)
     ctx = gx.get_context(mode="file", project_root_dir=str(root))
+    without_config_variables(ctx)
     try:
         ctx.variables.progress_bars = gx.data_context.types.base.ProgressBarsConfig(globally=False)
         ctx.variables.save()
@@ -195,6 +196,18 @@ def _run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns:
                     failed.append(_expectation_name(r))
     docs = root / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
     return GateResult(success=success and not failed, failed=failed, data_docs=str(docs) if docs.exists() else None, checks=checks)
+
+
+def without_config_variables(ctx: Any) -> None:
+    """Remove the new GX project's ``config_variables.yml``.  A file context
+    reads and parses it again on every configuration lookup: ~60 times a
+    run after the ~30 of making the project, ~0.35 s of a small batch's
+    gate under cProfile.  The project substitutes no variables, and GX
+    treats a missing file as none (its instance id then lives in memory).
+    The path is read unsubstituted: ``ctx.variables`` would parse it again."""
+    path = ctx.config.config_variables_file_path
+    if path:
+        (Path(ctx.root_directory) / path).unlink(missing_ok=True)
 
 
 class GateAhead:

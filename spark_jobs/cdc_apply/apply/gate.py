@@ -201,8 +201,8 @@ def _run_gx(settings: Settings, branch: DataFrame, identifier: str, key_columns:
 def without_config_variables(ctx: Any) -> None:
     """Remove the new GX project's ``config_variables.yml``.  A file context
     reads and parses it again on every configuration lookup: ~60 times a
-    run after the ~30 of making the project, ~0.35 s of a small batch's
-    gate under cProfile.  The project substitutes no variables, and GX
+    run after the ~30 of making the project, ~0.05-0.1 s of a small
+    batch's gate (bench/README, issue 20 step 41).  The project substitutes no variables, and GX
     treats a missing file as none (its instance id then lives in memory).
     The path is read unsubstituted: ``ctx.variables`` would parse it again."""
     path = ctx.config.config_variables_file_path

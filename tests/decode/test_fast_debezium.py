@@ -358,6 +358,28 @@ def test_a_transaction_id_beyond_int64_goes_the_exact_way(tmp_path):
     assert fast == exact and built == 1
 
 
+def test_a_last_lsn_beyond_uint64_in_the_sequence_goes_the_exact_way(tmp_path):
+    """``source.sequence``'s last committed LSN is carried as uint64; one of
+    20 digits past 2^64-1 (hypothesis found 2^64) is the exact decoder's,
+    not a failed task: the bound was 10^20, which uint64 does not reach."""
+    columns = [("c_int64", "int64", False)]
+    schema_bytes = orjson.dumps(envelope(columns))
+    source = {"connector": "postgresql", "db": "d", "schema": "public", "table": "t", "lsn": 100, "ts_ms": 1, "txId": 5}
+    lasts = ["90", str(2**64), str(2**64 - 1), str(10**20 - 1), "95"]
+    lines = [
+        line_of(
+            schema_bytes,
+            {"before": None, "after": {"c_int64": i}, "op": "c", "source": {**source, "sequence": f'["{last}","100"]'}},
+            "none",
+        )
+        for i, last in enumerate(lasts)
+    ]
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    exact, fast, built = both(path, {"t": ["c_int64"]})
+    assert fast == exact and built == 2  # the first line meets the schema: exact too; 2^64 and 10^20-1 go the exact way
+
+
 def test_a_transaction_order_beyond_bigint_goes_the_exact_way(tmp_path):
     """``total_order`` is carried as bigint; a larger one (msgspec reads up to
     2^64-1) is the exact decoder's, which quarantines it naming the field,

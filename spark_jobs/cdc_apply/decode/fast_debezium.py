@@ -387,8 +387,9 @@ def _sequence(seqs: list[Any], lsn: pa.Array) -> tuple[pa.Array, np.ndarray]:
                 continue
             if seq[1] is not None and seq[1] != lsn[i].as_py():
                 bad[i] = True
-            last_list[i] = seq[0] if seq[0] is not None and seq[0] < 10**20 else 0
-            bad[i] |= seq[0] is not None and seq[0] >= 10**20
+            # carried as uint64: a larger one (20 digits reach 10^20) is the exact decoder's
+            last_list[i] = seq[0] if seq[0] is not None and seq[0] < 1 << 64 else 0
+            bad[i] |= seq[0] is not None and seq[0] >= 1 << 64
         last = pa.array(last_list, pa.uint64())
     return last.fill_null(0), bad
 

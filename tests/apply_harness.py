@@ -9,7 +9,7 @@ import itertools
 from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.batch import BatchResult, apply_decoded, finish_batch, publish_batch, write_and_validate
 from cdc_apply.config import SourceConfig
-from cdc_apply.decode.stage import outcomes_frame
+from cdc_apply.decode.stage import outcomes_decoded
 from cdc_apply.model import ChangeEvent, Outcome
 
 _counter = itertools.count()
@@ -32,10 +32,13 @@ def apply_events(
     publish: str = "events",
     decoder_state: dict | None = None,
     fmt: str = "debezium_postgres",
+    counted_by_decode: bool = True,
 ) -> BatchResult:
     """Apply one batch of outcomes; each distinct ``file`` is a batch file.
     ``decoder_state``: the source state the batch starts from (default: the
-    ledger's latest, as a real batch)."""
+    ledger's latest, as a real batch).  ``counted_by_decode``: the batch
+    gets its rows' counts from the decode, as a small batch's decode gives
+    them; False leaves the counting to a Spark job, as a large batch's."""
     source = SourceConfig(
         name=namespace,
         format=fmt,
@@ -65,11 +68,13 @@ def apply_events(
         files=[f.as_dict() for f in files],
         override=override.__dict__ if override else None,
     )
-    decoded = outcomes_frame(spark, outcomes)
+    # counted as the decode of a small batch counts its rows (``decode_here``): no Spark job
+    decoded = outcomes_decoded(spark, outcomes)
+    counts = decoded.counts if counted_by_decode else None
     if "validate" in stages:  # as a job that validates: each table's GX suites start when its branch is written
-        write_and_validate(spark, settings, source, result, files, decoded, decoder_state, None, in_write_job=False)
+        write_and_validate(spark, settings, source, result, files, decoded.frame, decoder_state, None, in_write_job=False, counts=counts)
     else:
-        apply_decoded(spark, settings, source, result, files, decoded, decoder_state)
+        apply_decoded(spark, settings, source, result, files, decoded.frame, decoder_state, counts=counts)
     if "publish" not in stages:
         return result
     publish_batch(settings, result)

@@ -429,7 +429,13 @@ def decode_here(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str,
     batches = list(decode_units_to_arrow(dec, _archive_sources(units, s3), _has_driver_pass(decoder)))
     if driver_outcomes:
         batches.append(outcomes_batch(driver_outcomes))
-    table = pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
+    return handed_over(spark, pa.Table.from_batches(batches, schema=ARROW_SCHEMA), state)
+
+
+def handed_over(spark: SparkSession, table: pa.Table, state: dict) -> Decoded:
+    """Outcome rows decoded in this process, handed to Spark as one Arrow
+    table and counted by status and reason on the way: the batch then
+    needs no Spark job (three, with adaptive execution) to count them."""
     counted = table.group_by(["status", "reason"]).aggregate([([], "count_all")]).to_pylist()
     counts = {(c["status"], c["reason"]): c["count_all"] for c in counted}
     return Decoded(spark.createDataFrame(table, OUTCOME_SCHEMA), state, counts)
@@ -445,3 +451,8 @@ def _copied(ctx: DecodeContext) -> DecodeContext:
 def outcomes_frame(spark: SparkSession, outcomes: Sequence[Outcome]) -> DataFrame:
     """Outcomes decoded on the driver as a DataFrame of ``OUTCOME_DDL``."""
     return spark.createDataFrame(pa.Table.from_batches([outcomes_batch(outcomes)]), OUTCOME_SCHEMA)
+
+
+def outcomes_decoded(spark: SparkSession, outcomes: Sequence[Outcome], state: dict | None = None) -> Decoded:
+    """Outcomes decoded on the driver, handed over and counted (``handed_over``)."""
+    return handed_over(spark, pa.Table.from_batches([outcomes_batch(outcomes)]), state or {})

@@ -453,6 +453,6 @@ def outcomes_frame(spark: SparkSession, outcomes: Sequence[Outcome]) -> DataFram
     return spark.createDataFrame(pa.Table.from_batches([outcomes_batch(outcomes)]), OUTCOME_SCHEMA)
 
 
-def outcomes_decoded(spark: SparkSession, outcomes: Sequence[Outcome], state: dict | None = None) -> Decoded:
-    """Outcomes decoded on the driver, handed over and counted (``handed_over``)."""
-    return handed_over(spark, pa.Table.from_batches([outcomes_batch(outcomes)]), state or {})
+def outcomes_decoded(spark: SparkSession, outcomes: Sequence[Outcome]) -> Decoded:
+    """Outcomes decoded on the driver, handed over and counted (``handed_over``; no decoder state)."""
+    return handed_over(spark, pa.Table.from_batches([outcomes_batch(outcomes)]), {})

@@ -81,3 +81,41 @@ def test_as_of_positions_across_batches_match_the_reference_model(spark, setting
     assert out["batch_id"] == f"{ns}_b1" and f"VERSION AS OF {out['snapshot_id']}" in out["sql"]
     assert rows_of(spark, out["sql"]) == model_upto(events, marks[1])
     assert cli.main(["as-of", "--source", ns, "--table", "items", "--position", "0"]) == cli.EXIT_TERMINAL
+
+
+@pytest.fixture
+def driver_in_new_york():
+    """The driver's Python process in a zone west of UTC, as an Airflow
+    worker's may be (PySpark turns a collected timestamp into local time)."""
+    import os
+    import time
+
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "America/New_York"
+    time.tzset()
+    yield
+    if before is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = before
+    time.tzset()
+
+
+def test_the_commit_time_watermark_is_utc_whatever_the_driver_s_zone(spark, settings, driver_in_new_york):
+    """``cdc.commit-ts-max`` is the latest source commit time in UTC, for a
+    batch of new files and for one whose files are partly applied (whose
+    commit times are read by another query); under a driver zone five hours
+    west of UTC it was recorded five hours early."""
+    from cdc_apply import asof, ledger
+
+    ns = "asof_tz"
+    first = [event("c", k, {"name": f"n{k}"}, pos=k, file=f"/virtual/{ns}/f0.jsonl") for k in (1, 2, 3)]
+    assert apply_events(spark, settings, ns, first, batch_tag="b0").status == "complete"
+    again = [event("c", k, {"name": f"n{k}"}, pos=k, file=f"/virtual/{ns}/f0.jsonl") for k in (1, 2, 3)]
+    later = [event("u", 1, {"name": "later"}, pos=9, file=f"/virtual/{ns}/f1.jsonl")]
+    assert apply_events(spark, settings, ns, again + later, batch_tag="b1").status == "complete"
+    published = asof.publishes(ledger.Ledger(settings).catalog.load_table(f"{ns}.items"))
+    utc = [dt.datetime.fromtimestamp((1_700_000_000_000_000 + pos) / 1e6, dt.UTC) for pos in (3, 9)]
+    assert [p.commit_ts_max for p in published] == [f"{t:%Y-%m-%dT%H:%M:%S.%f}Z" for t in utc]
+    found = asof.table_as_of(settings, ns, "items", time=utc[0].isoformat())
+    assert found is not None and found.batch_id == f"{ns}_b0"

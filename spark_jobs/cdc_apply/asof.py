@@ -94,8 +94,7 @@ def iso_utc(text: str) -> str:
     """An ISO time (``Z`` or an offset; naive is UTC) as the fixed-width text
     ``cdc.commit-ts-max`` is written in."""
     t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    t = t if t.tzinfo else t.replace(tzinfo=dt.UTC)
-    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return ledger.iso_utc_text(t if t.tzinfo else t.replace(tzinfo=dt.UTC))
 
 
 def as_of(settings: Settings, source: str, table: str, *, position: str | None = None, time: str | None = None) -> AsOf | None:

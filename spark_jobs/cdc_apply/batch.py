@@ -485,7 +485,7 @@ def _table_meta(events: DataFrame, declared: DataFrame | None = None) -> list:
             F.bool_and(F.when(ev, F.col("op") == "t")).alias("only_truncates"),
             F.max(F.when(ev & (F.col("op") == "t"), F.col("position"))).alias("max_truncate"),
             F.count(F.when(ev & (F.col("op") == "t"), 1)).alias("truncates"),
-            F.max(F.when(ev, F.col("commit_ts"))).alias("max_commit_ts"),
+            F.unix_micros(F.max(F.when(ev, F.col("commit_ts")))).alias("max_commit_us"),  # ledger.watermark_properties
             F.count(F.when(ev & (F.col("op") == "d") & F.col("change_id").isNotNull(), 1)).alias("keyed_deletes"),
             # the fewest columns an insert or update of a key change carries (compact.inherit_moved_columns)
             F.min(F.when(ev & (F.col("op") != "d") & F.col("change_id").isNotNull(), F.size("after"))).alias("min_keyed_after"),

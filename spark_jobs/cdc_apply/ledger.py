@@ -110,23 +110,37 @@ def ledger_from_summaries(summaries: list[dict[str, str]]) -> TableLedger:
     return led
 
 
-def watermark_properties(prior: TableLedger | None, position_max: str | None, commit_ts_max: Any) -> dict[str, str]:
+def watermark_properties(prior: TableLedger | None, position_max: str | None, commit_us_max: int | None) -> dict[str, str]:
     """The source watermark a batch's commits reflect once published: the
     highest position (``cdc.watermark``) and source commit time
     (``cdc.commit-ts-max``, ISO UTC) of main before it and of the batch
     (``asof.py`` reads them).  Recorded at write time: the publish only
-    fast-forwards onto the main it was written on."""
+    fast-forwards onto the main it was written on.  ``commit_us_max``: the
+    batch's latest commit time in microseconds since the epoch, as Spark's
+    ``unix_micros`` gives it (a timestamp collected to Python would be the
+    driver's local wall time: PySpark's ``TimestampType.fromInternal``)."""
     props: dict[str, str] = {}
     positions = [p for p in (prior.last_position if prior else None, position_max) if p is not None]
     if positions:
         props[PREFIX + "watermark"] = max(positions)
-    if isinstance(commit_ts_max, dt.datetime):
-        ts = commit_ts_max if commit_ts_max.tzinfo else commit_ts_max.replace(tzinfo=dt.UTC)
-        commit_ts_max = ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # fixed width: text order is time order
+    commit_ts_max = None if commit_us_max is None else iso_utc_micros(commit_us_max)
     stamps = [t for t in (prior.commit_ts_max if prior else None, commit_ts_max) if t is not None]
     if stamps:
         props[PREFIX + "commit-ts-max"] = max(stamps)
     return props
+
+
+def iso_utc_micros(us: int) -> str:
+    """Microseconds since the epoch as ``iso_utc_text``."""
+    return iso_utc_text(dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=us))
+
+
+def iso_utc_text(t: dt.datetime) -> str:
+    """An aware time as the fixed-width ISO UTC text of ``cdc.commit-ts-max``
+    (text order is time order; ``strftime`` drops the zero padding of years
+    below 1000)."""
+    u = t.astimezone(dt.UTC)
+    return f"{u.year:04d}-{u.month:02d}-{u.day:02d}T{u.hour:02d}:{u.minute:02d}:{u.second:02d}.{u.microsecond:06d}Z"
 
 
 def publish_tag(branch: str) -> str:

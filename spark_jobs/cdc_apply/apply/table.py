@@ -134,10 +134,10 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
         truncs = ev.agg(
             F.max(F.when(F.col("op") == "t", F.col("position"))).alias("p"),
             F.count(F.when(F.col("op") == "t", 1)).alias("n"),
-            F.max("commit_ts").alias("ts"),
+            F.unix_micros(F.max("commit_ts")).alias("us"),
         ).collect()[0]
     else:
-        truncs = {"p": meta["max_truncate"], "n": meta["truncates"], "ts": meta["max_commit_ts"]}
+        truncs = {"p": meta["max_truncate"], "n": meta["truncates"], "us": meta["max_commit_us"]}
     watermark = work.source_state.setdefault(TRUNCATES_KEY, {}).get(_table_key(meta))
     truncated_at = max([p for p in (truncs["p"], led.truncated_at if led else None, watermark) if p], default=None)
     properties = tables.table_properties(spark, spec.identifier)  # as created or evolved above
@@ -309,7 +309,7 @@ def _write(
         # a file with held messages is not applied to the table until they are (held.py)
         applied = [f.as_dict() for f in new_files if f.path not in work.held_files]
         props = ledger.summary_properties(work.batch_id, applied, position_max=tr.position_max, truncated_at=truncated_at, counts=counts)
-        props.update(ledger.watermark_properties(prior, tr.position_max, truncs["ts"]))  # what as-of reads (asof.py)
+        props.update(ledger.watermark_properties(prior, tr.position_max, truncs["us"]))  # what as-of reads (asof.py)
         props[branches.ATTEMPT_PROPERTY] = attempt
         stored_keys = counts["keys"] - acc.new_keys
         if work.source.merge_mode == "auto" and stored_keys:

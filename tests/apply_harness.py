@@ -37,8 +37,8 @@ def apply_events(
     """Apply one batch of outcomes; each distinct ``file`` is a batch file.
     ``decoder_state``: the source state the batch starts from (default: the
     ledger's latest, as a real batch).  ``counted_by_decode``: the batch
-    gets its rows' counts from the decode, as a small batch's decode gives
-    them; False leaves the counting to a Spark job, as a large batch's."""
+    gets its rows' counts and tables from the decode, as a small batch's
+    decode gives them; False leaves them to a Spark job, as a large batch's."""
     source = SourceConfig(
         name=namespace,
         format=fmt,
@@ -70,11 +70,11 @@ def apply_events(
     )
     # counted as the decode of a small batch counts its rows (``decode_here``): no Spark job
     decoded = outcomes_decoded(spark, outcomes)
-    counts = decoded.counts if counted_by_decode else None
+    known = (decoded.counts, decoded.tables) if counted_by_decode else (None, None)
     if "validate" in stages:  # as a job that validates: each table's GX suites start when its branch is written
-        write_and_validate(spark, settings, source, result, files, decoded.frame, decoder_state, None, in_write_job=False, counts=counts)
+        write_and_validate(spark, settings, source, result, files, decoded.frame, decoder_state, None, in_write_job=False, known=known)
     else:
-        apply_decoded(spark, settings, source, result, files, decoded.frame, decoder_state, counts=counts)
+        apply_decoded(spark, settings, source, result, files, decoded.frame, decoder_state, known=known)
     if "publish" not in stages:
         return result
     publish_batch(settings, result)

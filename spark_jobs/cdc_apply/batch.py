@@ -36,8 +36,7 @@ from cdc_apply.apply.table import (
 from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.archive.listing import list_files
 from cdc_apply.config import Settings, SourceConfig, get_source
-from cdc_apply.decode import DecodeContext
-from cdc_apply.decode.debezium_common import UNTYPED_NOTE
+from cdc_apply.decode import DecodeContext, census
 from cdc_apply.decode.stage import decode_batch
 from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalError
 from cdc_apply.model import CONFIG_REFUSED_PREFIX
@@ -51,6 +50,8 @@ log = logging.getLogger("cdc_apply")
 
 STAGES = ("write", "validate", "publish")
 TYPED_BY_STORED_TABLES = ("debezium_postgres", "debezium_sqlserver")
+Known = tuple[dict[tuple[str, str | None], int] | None, list | None]
+"""What the decode counted (``stage.Decoded.counts``, ``tables``): None where a Spark job counts."""
 """Formats whose schemaless messages take the stored tables' column types (``_decode_context``)."""
 
 
@@ -122,13 +123,13 @@ def run_batch(
     if "validate" in stages and not dry_run:
         gate.preload_great_expectations()
     ctx = _decode_context(spark, settings, source, batch_id, decoder_state)
-    decoded, new_state, counts = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
-    new_state = {**ctx.state, **new_state}
+    out = decode_batch(spark, [(f.path, f.size) for f in files], source.format, ctx)
+    decoded, new_state, known = out.frame, {**ctx.state, **out.state}, (out.counts, out.tables)
     if dry_run or "validate" not in stages:
-        apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter, counts=counts)
+        apply_decoded(spark, settings, source, result, files, decoded, new_state, dry_run=dry_run, table_filter=table_filter, known=known)
     else:
         write_and_validate(
-            spark, settings, source, result, files, decoded, new_state, table_filter, in_write_job="publish" not in stages, counts=counts
+            spark, settings, source, result, files, decoded, new_state, table_filter, in_write_job="publish" not in stages, known=known
         )
     if not dry_run and "publish" in stages:
         publish_batch(settings, result)
@@ -148,7 +149,7 @@ def write_and_validate(
     table_filter: str | None,
     *,
     in_write_job: bool,
-    counts: dict[tuple[str, str | None], int] | None = None,
+    known: Known = (None, None),
 ) -> None:
     """``apply_decoded`` then ``validate_batch`` in one session, each table's
     GX suites started as soon as its branch is written (``gate.GateAhead``)."""
@@ -166,7 +167,7 @@ def write_and_validate(
                 table_filter=table_filter,
                 gate_ahead=ahead,
                 scope=scope,
-                counts=counts,
+                known=known,
             )
             if result.pending(Status.WRITTEN):
                 validate_batch(settings, result, spark, in_write_job=in_write_job, ahead=ahead)
@@ -237,7 +238,7 @@ def apply_decoded(
     table_filter: str | None = None,
     gate_ahead: gate.GateAhead | None = None,
     scope: contextlib.ExitStack | None = None,
-    counts: dict[tuple[str, str | None], int] | None = None,
+    known: Known = (None, None),
 ) -> BatchResult:
     """Everything after decode: accounting, quarantine, per-table apply, ledger.
 
@@ -246,9 +247,9 @@ def apply_decoded(
     the latest from the ledger.  ``gate_ahead``: the caller validates next,
     with it (``validate_batch``).  ``scope``: where the batch's small-batch
     conf (``spark_conf.small_batch_conf``) is given back; by default when
-    this returns, as the cached decode is released.  ``counts``: the
-    decoded rows per (status, reason), when the decode counted them
-    (``stage.Decoded.counts``).
+    this returns, as the cached decode is released.  ``known``: the
+    decoded rows per (status, reason) and the batch's tables, when the
+    decode counted them (``stage.Decoded.counts`` and ``tables``).
     """
     state = dict(ledger.Ledger(settings).latest_decoder_state(source.name) if decoder_state is None else decoder_state)
     result.started_at = dt.datetime.now(dt.UTC).isoformat()
@@ -262,8 +263,8 @@ def apply_decoded(
             kept, linked = _hold_transactions(spark, source, result, state, decoded)
             if kept is None:
                 return result
-            # the decode's own counts hold while no line was set apart above
-            status_counts = _count_messages(kept, result, counts if kept is raw else None)
+            # the decode's own census holds while no line was set apart above
+            status_counts, table_meta = _count_messages(kept, result, known if kept is raw else (None, None), whole=kept is raw)
             decoded = kept
         (own if scope is None else scope).enter_context(spark_conf.small_batch_conf(spark, settings, result.messages["read"]))
         _refuse_config(source, status_counts, decoded)
@@ -276,9 +277,11 @@ def apply_decoded(
         if table_filter:
             events = events.where(F.col("table_name").rlike(table_filter))
         # a table's column declaration rides on one event per decode batch, which may
-        # be a line held (an incomplete transaction) or applied before (_table_meta)
+        # be a line held (an incomplete transaction) or applied before (census.table_meta)
         declared = raw.where("status = 'event' AND columns IS NOT NULL")
-        _apply_tables(spark, settings, source, result, files, events, state, dry_run, linked, declared, gate_ahead)
+        if table_filter:
+            table_meta = None
+        _apply_tables(spark, settings, source, result, files, events, state, dry_run, linked, declared, gate_ahead, table_meta)
         result.source_state = state
         result.fail_if_any()
     return result
@@ -360,18 +363,23 @@ def _held_too_long(result: BatchResult, check: str, what: str, remedy: str) -> b
 
 
 def _count_messages(
-    decoded: DataFrame, result: BatchResult, known: dict[tuple[str, str | None], int] | None = None
-) -> dict[tuple[str, str | None], int]:
+    decoded: DataFrame, result: BatchResult, known: Known, *, whole: bool
+) -> tuple[dict[tuple[str, str | None], int], list | None]:
     """Every message read, by status and reason class (the detail is in the
-    quarantine row), into ``result.messages``; returns the exact counts.
-    The first pass over the decoded batch: its time is the decode's.
-    ``known``: the counts as the decode took them (no Spark job)."""
+    quarantine row), into ``result.messages``; returns the exact counts and,
+    when ``decoded`` is the whole decode (``whole``), its tables
+    (``census``).  The first pass over the decoded batch: its time is the
+    decode's.  ``known``: the counts and tables as the decode took them (no
+    Spark job)."""
     t0 = time.perf_counter()
-    status_counts = (
-        dict(known)
-        if known is not None
-        else {(r["status"], r["reason"]): r["n"] for r in decoded.groupBy("status", "reason").agg(F.count(F.lit(1)).alias("n")).collect()}
-    )
+    status_counts, table_meta = known
+    if status_counts is None:
+        if whole:
+            status_counts, table_meta = census.counted(decoded)
+        else:
+            status_counts = {
+                (r["status"], r["reason"]): r["n"] for r in decoded.groupBy("status", "reason").agg(F.count(F.lit(1)).alias("n")).collect()
+            }
     messages = {"read": sum(status_counts.values())}
     for (status, reason), n in status_counts.items():
         messages[status] = messages.get(status, 0) + n
@@ -380,7 +388,7 @@ def _count_messages(
             messages[key] = messages.get(key, 0) + n
     result.messages = messages
     log.info("batch %s: %d message(s) decoded and counted in %.1f s", result.batch_id, messages["read"], time.perf_counter() - t0)
-    return status_counts
+    return status_counts, table_meta
 
 
 def _carry_held(decoded: DataFrame, result: BatchResult, state: dict[str, Any], files: list[ArchiveFile]) -> None:
@@ -431,17 +439,20 @@ def _apply_tables(
     linked: bool = False,
     declared: DataFrame | None = None,
     gate_ahead: gate.GateAhead | None = None,
+    table_meta: list | None = None,
 ) -> None:
     """One ``apply_table`` per source table of the batch, after refusing the
     tables without a valid target and those colliding on one.  ``linked``:
     the batch has source transactions, whose tables publish together
-    (``result.publish_groups``)."""
-    with described(spark, f"{source.name}: tables of the batch"):
-        table_meta = _table_meta(events, declared)
+    (``result.publish_groups``).  ``table_meta``: the tables of ``events``
+    as the decode's census found them (None: a Spark job finds them)."""
+    if table_meta is None:
+        with described(spark, f"{source.name}: tables of the batch"):
+            table_meta = census.table_meta(events, declared)
     aliases, ambiguous = _fuller_names(table_meta)
     if aliases:  # one table under two names (rare): read as its fuller name, grouped again
         events = _rename_tables(events, aliases)
-        table_meta = _table_meta(events, None if declared is None else _rename_tables(declared, aliases))
+        table_meta = census.table_meta(events, None if declared is None else _rename_tables(declared, aliases))
     targets, refused, collisions = _targets(source, table_meta)
     collisions.update(ambiguous)
     if refused:
@@ -464,36 +475,6 @@ def _apply_tables(
     if linked:
         groups = [[written[i] for i in (tables.source_identity(*t) for t in g) if i in written] for g in transactions.linked_tables(events)]
         result.publish_groups = [g for g in groups if len(g) > 1]
-
-
-def _table_meta(events: DataFrame, declared: DataFrame | None = None) -> list:
-    """Per source table of the batch: declarations, keys and counts (one Spark
-    job).  A table's column declaration rides on its first event of each
-    decode batch only (``decode.stage.outcome_row``): ``declared`` (decoded
-    events with a declaration, before held lines and lines applied earlier
-    were set apart) still types the table's other events."""
-    ev = F.col("_ev")
-    rows = events.withColumn("_ev", F.lit(True))
-    if declared is not None:
-        rows = rows.unionByName(declared.withColumn("_ev", F.lit(False)))
-    meta = (
-        rows.groupBy("database", "schema_name", "table_name")
-        .agg(
-            F.collect_set("columns").alias("decl"),
-            F.collect_set(F.when(ev, F.col("key_columns"))).alias("keys"),
-            F.count(F.when(ev, 1)).alias("n"),
-            F.bool_and(F.when(ev, F.col("op") == "t")).alias("only_truncates"),
-            F.max(F.when(ev & (F.col("op") == "t"), F.col("position"))).alias("max_truncate"),
-            F.count(F.when(ev & (F.col("op") == "t"), 1)).alias("truncates"),
-            F.unix_micros(F.max(F.when(ev, F.col("commit_ts")))).alias("max_commit_us"),  # ledger.watermark_properties
-            F.count(F.when(ev & (F.col("op") == "d") & F.col("change_id").isNotNull(), 1)).alias("keyed_deletes"),
-            # the fewest columns an insert or update of a key change carries (compact.inherit_moved_columns)
-            F.min(F.when(ev & (F.col("op") != "d") & F.col("change_id").isNotNull(), F.size("after"))).alias("min_keyed_after"),
-            F.count(F.when(ev & F.array_contains("notes", UNTYPED_NOTE), 1)).alias("untyped"),
-        )
-        .collect()
-    )
-    return [m for m in meta if m["n"]]
 
 
 def _fuller_names(table_meta: list) -> tuple[dict[str, str], dict[str, str]]:

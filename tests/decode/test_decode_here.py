@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc_apply.decode import DecodeContext, stage
+from cdc_apply.decode import DecodeContext, census, stage
+from tests.decode.test_census import normalized
 from tests.formats.synthetic import SyntheticChange
 
 pytestmark = pytest.mark.spark
@@ -69,13 +70,15 @@ def _decoded(spark, files, fmt: str, local: bool, monkeypatch) -> tuple[list[str
     table; the decoder state) of ``decode_batch`` run one way."""
     monkeypatch.setattr(stage, "LOCAL_DECODE_BYTES", 1 << 40 if local else -1)
     ctx = DecodeContext(source=f"here_{fmt}", primary_keys={"items": ["id"]})
-    df, state, counts = stage.decode_batch(spark, files, fmt, ctx)
+    out = stage.decode_batch(spark, files, fmt, ctx)
+    df, state, counts = out.frame, out.state, out.counts
     rows, declared = [], {}
-    if local:  # the decode's own counts are the frame's
+    if local:  # the decode's own census is the frame's
         grouped = {(r["status"], r["reason"]): r["count"] for r in df.groupBy("status", "reason").count().collect()}
         assert counts == grouped
+        assert normalized(out.tables) == normalized(census.table_meta(df.where("status = 'event'")))
     else:
-        assert counts is None
+        assert counts is None and out.tables is None
     for row in df.collect():
         d = row.asDict(recursive=True)
         columns = d.pop("columns")

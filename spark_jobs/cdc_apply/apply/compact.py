@@ -281,13 +281,13 @@ aggregate(
 class Inherited(NamedTuple):
     events: DataFrame
     """the prepared events, paired inserts completed (``_cdc_inh`` names what they took)"""
-    pairs: DataFrame
-    """one row (``_m_cid``) per insert that inherited, persisted"""
+    pairs: int
+    """how many inserts inherited (counted where they were found: the caller's count needs no job)"""
     cached: list[DataFrame]
     """frames persisted for ``events``: the caller unpersists them when done"""
 
     def release(self) -> None:
-        for df in [self.pairs, *self.cached]:
+        for df in self.cached:
             df.unpersist()
 
 
@@ -327,7 +327,7 @@ def inherit_moved_columns(
     delete half's batch fills them (``merge.refresh_inherited``).
 
     ``partial_inserts=False``: the caller knows that no such insert is in the
-    batch (``batch._table_meta``'s ``min_keyed_after``), so no Spark job
+    batch (``decode.census``'s ``min_keyed_after``), so no Spark job
     looks for one.
 
     Long because the pairing, the state before the change and the fill are
@@ -335,9 +335,7 @@ def inherit_moved_columns(
     keys = [quote(k) for k in key_cols]
     cid = F.col("_cdc_change_id")
     if not partial_inserts:
-        return Inherited(
-            prepared.withColumn("_cdc_inh", F.lit(None).cast("map<string,string>")), prepared.select(cid.alias("_m_cid")).limit(0), []
-        )
+        return Inherited(prepared.withColumn("_cdc_inh", F.lit(None).cast("map<string,string>")), 0, [])
     old = [f"_m_old{i}" for i in range(len(key_cols))]
     partial = (
         prepared.where((F.col("_cdc_op") != "d") & cid.isNotNull() & (F.size("_cdc_after") < len(columns)))
@@ -348,7 +346,7 @@ def inherit_moved_columns(
     try:
         unchanged = prepared.withColumn("_cdc_inh", F.lit(None).cast("map<string,string>"))
         if partial.isEmpty():
-            return Inherited(unchanged, partial.select("_m_cid").limit(0), [])
+            return Inherited(unchanged, 0, [])
         deletes = prepared.where((F.col("_cdc_op") == "d") & cid.isNotNull()).select(
             cid.alias("_m_cid"), *[F.col(k).alias(o) for k, o in zip(keys, old)], F.col(META_POS).alias("_m_pos")
         )
@@ -372,9 +370,8 @@ def inherit_moved_columns(
         if pairs.isEmpty() and by_tomb.isEmpty():
             pairs.unpersist()
             by_tomb.unpersist()
-            return Inherited(unchanged, partial.select("_m_cid").limit(0), [])
-        found = pairs.select("_m_cid").unionByName(by_tomb.select("_m_cid")).persist()
-        found.count()
+            return Inherited(unchanged, 0, [])
+        found = pairs.select("_m_cid").unionByName(by_tomb.select("_m_cid")).count()
         completed, cached = _inherit(prepared, stored, pairs, by_tomb, key_cols, columns, truncated_at)
         pairs.unpersist()
         by_tomb.unpersist()

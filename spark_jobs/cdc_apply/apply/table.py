@@ -290,8 +290,7 @@ def _write(
                 )
         folded = compact.applied(net)
         counts["truncates"] = int(truncs["n"])
-        with _phase(spark, tr, "key_changes"):
-            counts["key_changes_inherited"] = moved.pairs.count()
+        counts["key_changes_inherited"] = moved.pairs
         if counts.get("partial_inserts"):
             log.warning(
                 "%s: %d insert(s) leave columns out and the delete half of their primary-key change has not arrived: "

@@ -42,7 +42,7 @@ from cdc_apply.archive.lines import (
     plan_pieces,
 )
 from cdc_apply.config import S3Options, is_object_store_uri
-from cdc_apply.decode import DecodeContext, Decoder, fast_debezium, make_decoder
+from cdc_apply.decode import DecodeContext, Decoder, census, fast_debezium, make_decoder
 from cdc_apply.model import (
     ChangeEvent,
     Held,
@@ -200,12 +200,14 @@ def fast_batch(arrays: dict[str, pa.Array]) -> pa.RecordBatch:
 
 class Decoded(NamedTuple):
     """What ``decode_batch`` gives: the outcome rows, the decoder state for
-    the next batch, and the rows per (status, reason) when the decode
-    already knows them (``decode_here``; None: counting is a Spark job's)."""
+    the next batch, and the rows per (status, reason) and per table when the
+    decode already knows them (``decode_here``: ``census.counted_here``;
+    None: counting them is a Spark job's, ``census.counted``)."""
 
     frame: DataFrame
     state: dict
     counts: dict[tuple[str, str | None], int] | None = None
+    tables: list | None = None
 
 
 def _file_messages(path: str, source: Source, piece: Piece | None = None) -> Iterator[RawMessage | Quarantined]:
@@ -434,11 +436,11 @@ def decode_here(spark: SparkSession, files: Sequence[tuple[str, int]], fmt: str,
 
 def handed_over(spark: SparkSession, table: pa.Table, state: dict) -> Decoded:
     """Outcome rows decoded in this process, handed to Spark as one Arrow
-    table and counted by status and reason on the way: the batch then
-    needs no Spark job (three, with adaptive execution) to count them."""
-    counted = table.group_by(["status", "reason"]).aggregate([([], "count_all")]).to_pylist()
-    counts = {(c["status"], c["reason"]): c["count_all"] for c in counted}
-    return Decoded(spark.createDataFrame(table, OUTCOME_SCHEMA), state, counts)
+    table and counted by status and reason, and per table, on the way
+    (``census.counted_here``): the batch then needs no Spark job to count
+    them or to plan its tables."""
+    counts, tables = census.counted_here(table)
+    return Decoded(spark.createDataFrame(table, OUTCOME_SCHEMA), state, counts, tables)
 
 
 def _copied(ctx: DecodeContext) -> DecodeContext:

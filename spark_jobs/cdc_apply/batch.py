@@ -50,9 +50,9 @@ log = logging.getLogger("cdc_apply")
 
 STAGES = ("write", "validate", "publish")
 TYPED_BY_STORED_TABLES = ("debezium_postgres", "debezium_sqlserver")
+"""Formats whose schemaless messages take the stored tables' column types (``_decode_context``)."""
 Known = tuple[dict[tuple[str, str | None], int] | None, list | None]
 """What the decode counted (``stage.Decoded.counts``, ``tables``): None where a Spark job counts."""
-"""Formats whose schemaless messages take the stored tables' column types (``_decode_context``)."""
 
 
 def batch_id_for(source: str, files: list[ArchiveFile]) -> str:

@@ -3,6 +3,7 @@ reconciliation. Failing data never reaches main."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
@@ -389,21 +390,20 @@ def test_reconciliation_names_what_is_wrong(spark, monkeypatch, case, broadcast)
 
 
 def _reconcile_oracle(branch_rows, main_rows, folded_rows) -> set[str]:
-    """The reconciliation checks in plain Python, row by row: the batch's keys'
-    rows in the branch and in main against its net changes."""
-    failed = set()
+    """The reconciliation checks in plain Python, row by row, with their
+    counts: the batch's keys' rows in the branch and in main against its net
+    changes."""
+    found = collections.Counter()
     for key, action, pos in folded_rows:
         held = [(p, d) for k, p, d in branch_rows if k == key]
         before = [p for k, p, _ in main_rows if k == key]
-        if len(held) > 1:
-            failed.add("reconcile_key_unique")
-        if any(p < m for p, _ in held for m in before):
-            failed.add("reconcile_no_position_regression")
-        if action == "delete" and any(not d for _, d in held):
-            failed.add("reconcile_deleted_keys_absent")
-        if action == "upsert" and (not held or any(d or p != pos for p, d in held)):
-            failed.add("reconcile_upserted_keys_present")
-    return failed
+        found["reconcile_key_unique(keys"] += len(held) > 1
+        found["reconcile_no_position_regression(rows"] += sum(1 for p, _ in held if any(p < m for m in before))
+        if action == "delete":
+            found["reconcile_deleted_keys_absent(rows"] += sum(1 for _, d in held if d is False)
+        if action == "upsert":
+            found["reconcile_upserted_keys_present(rows"] += sum(1 for p, d in held if d or p != pos) if held else 1
+    return {f"{check}={n})" for check, n in found.items() if n}
 
 
 _POS = st.sampled_from(["01", "03", "05"])
@@ -417,14 +417,18 @@ _KEY = st.tuples(
 
 
 @hsettings(max_examples=40 if FULL else 12, deadline=None, suppress_health_check=list(HealthCheck))  # CI: tests/sample.py
-@given(st.lists(_KEY, min_size=1, max_size=3))
-@example([(("upsert", "03"), [("03", True)], None)])  # held at the batch's position, but as a tombstone
-@example([(("delete", "05"), [("05", False)], "03"), (None, [("01", False), ("01", False)], None)])  # a twin outside the batch
-def test_reconciliation_agrees_with_a_row_by_row_reading(spark, keys):
+@given(st.lists(_KEY, min_size=1, max_size=3), st.booleans())
+@example([(("upsert", "03"), [("03", True)], None)], True)  # held at the batch's position, but as a tombstone
+@example([(("delete", "05"), [("05", False)], "03"), (None, [("01", False), ("01", False)], None)], True)  # a twin outside the batch
+@example([(("upsert", "05"), [("01", False), ("05", True)], "03"), (("delete", "05"), [("05", False)], None)], False)
+def test_reconciliation_agrees_with_a_row_by_row_reading(spark, keys, broadcast):
     """Random keys: in the batch or not, held by the branch zero to two times,
-    deleted or not, at the batch's position or another, and in main or not.
-    The checks that fail are the ones a row-by-row reading finds."""
-    from cdc_apply.apply import gate
+    deleted or not, at the batch's position or another, and in main or not;
+    the batch's keys broadcast or shuffled.  The checks that fail, and what
+    they count, are the ones a row-by-row reading finds."""
+    from unittest import mock
+
+    from cdc_apply.apply import compact, gate
 
     schema = "id int, _cdc_position string, _cdc_deleted boolean"
     folded_rows = [(k, *change) for k, (change, _, _) in enumerate(keys) if change]
@@ -432,16 +436,17 @@ def test_reconciliation_agrees_with_a_row_by_row_reading(spark, keys):
     main_rows = [(k, pos, False) for k, (_, _, pos) in enumerate(keys) if pos]
     counts = {"inserted": 0, "deleted": 0, "keys": len(folded_rows)}
     live = sum(1 for r in branch if not r[2])
-    failed = gate.reconcile(
-        spark.createDataFrame(branch, schema),
-        live,
-        live,
-        spark.createDataFrame(folded_rows, "id int, _cdc_action string, _cdc_pos string"),
-        ["id"],
-        counts,
-        spark.createDataFrame(main_rows, schema),
-    )
-    assert {f.split("(")[0] for f in failed} == _reconcile_oracle(branch, main_rows, folded_rows)
+    with mock.patch.object(compact, "BROADCAST_ROWS_MAX", 10**9 if broadcast else 0):
+        failed = gate.reconcile(
+            spark.createDataFrame(branch, schema),
+            live,
+            live,
+            spark.createDataFrame(folded_rows, "id int, _cdc_action string, _cdc_pos string"),
+            ["id"],
+            counts,
+            spark.createDataFrame(main_rows, schema),
+        )
+    assert set(failed) == _reconcile_oracle(branch, main_rows, folded_rows)
 
 
 def _in_fresh_interpreter(code: str) -> subprocess.CompletedProcess:

@@ -123,3 +123,49 @@ def test_a_quoted_name_reads_the_same_table(spark, settings, table):
     assert catalog_reads.catalog_for(spark, quoted)[1] == (NS, "items")
     assert tables.table_properties(spark, quoted) == tables.table_properties(spark, spec.identifier)
     assert tables.table_exists(spark, quoted)
+
+
+@pytest.mark.parametrize("empty", [False, True], ids=["table-with-rows", "empty-table"])
+def test_a_run_whose_branch_another_run_committed_on_meanwhile_does_not_own_it(spark, settings, empty):
+    """Two runs of one batch share its audit branch.  Run B resets the branch
+    and run A commits on it right after B's CREATE BRANCH, before B reads
+    where the branch began; then B commits on top.  B's start is main's head,
+    so the branch does not hold B's commits alone: ``own_head`` refuses it.
+    On an empty table the branch's first snapshot is then A's, and B's
+    reset refuses at once
+    (before the fix B took A's commit for its start and published both runs'
+    rows, the nemesis's two-applies race)."""
+    ident = f"{settings.catalog_name}.{NS}.raced_{int(empty)}"
+    spark.sql(f"CREATE TABLE {ident} (id int, v string) USING iceberg TBLPROPERTIES ('format-version'='2')")
+    if not empty:
+        spark.sql(f"INSERT INTO {ident} VALUES (1, 'a')")
+    spec = tables.TableSpec(ident, f"{NS}.raced_{int(empty)}", ["id"], {"id": "int", "v": "string"})
+    main = branches.branch_snapshot(spark, spec, "main")
+
+    def commit(attempt: str, key: int) -> None:
+        with branches.snapshot_properties(spark, {branches.ATTEMPT_PROPERTY: attempt}):
+            spark.createDataFrame([(key, attempt)], "id int, v string").writeTo(branches.branch_ref(spec, "audit_r")).append()
+
+    sql = spark.sql
+    raced = []
+
+    def racing_sql(text: str, *args, **kwargs):
+        out = sql(text, *args, **kwargs)
+        if "CREATE BRANCH" in text and not raced:
+            raced.append(text)
+            commit("run-a", 2)  # run A's write lands between B's CREATE BRANCH and the rest of B's reset
+        return out
+
+    spark.sql = racing_sql
+    try:
+        if empty:  # the branch's first snapshot is A's: B refuses at once
+            with pytest.raises(ConcurrentApply):
+                branches.reset_branch(spark, spec, "audit_r")
+            return
+        start = branches.reset_branch(spark, spec, "audit_r")
+    finally:
+        del spark.sql
+    assert raced and start == main
+    commit("run-b", 3)
+    with pytest.raises(ConcurrentApply):
+        branches.own_head(spark, spec, "audit_r", "run-b", "b1", start)

@@ -48,16 +48,30 @@ def branch_ref(spec: TableSpec, branch: str) -> str:
 def reset_branch(spark: SparkSession, spec: TableSpec, branch: str) -> int | None:
     """(Re)create the audit branch at main's current snapshot: a retry starts
     clean.  Refuses (transient: retried) while table maintenance runs.
-    Returns the new branch's head (None on an empty table), read in the same
-    ``refs`` query as the maintenance lock: one Spark job, not two."""
+    Returns the snapshot the branch was created at: main's head, read
+    before the branch is made from it; on an empty table, the empty
+    snapshot CREATE BRANCH makes, which no run wrote.  Not simply the
+    branch's head read after: another run of the batch may have reset the
+    branch and committed on it in between, and ``own_head`` would then take
+    that run's commit for where this run began (both runs' rows published
+    as one, the nemesis's two-applies race)."""
     spark.sql(f"ALTER TABLE {spec.identifier} DROP BRANCH IF EXISTS {branch}")
-    spark.sql(f"ALTER TABLE {spec.identifier} CREATE BRANCH {branch}")
-    heads = _branch_heads(spark, spec, (branch, MAINTENANCE_BRANCH))
-    if MAINTENANCE_BRANCH in heads and recover_stale_lock(spark, spec.identifier) is None:
+    start = _branch_heads(spark, spec, ("main",)).get("main")
+    as_of = "" if start is None else f" AS OF VERSION {int(start)}"
+    spark.sql(f"ALTER TABLE {spec.identifier} CREATE BRANCH {branch}{as_of}")
+    if MAINTENANCE_BRANCH in _branch_heads(spark, spec, (MAINTENANCE_BRANCH,)) and recover_stale_lock(spark, spec.identifier) is None:
         spark.sql(f"ALTER TABLE {spec.identifier} DROP BRANCH IF EXISTS {branch}")
         raise CdcError(f"{spec.identifier}: table maintenance is running (branch {MAINTENANCE_BRANCH!r}); the batch is retried after it")
     # a killed maintenance left the lock: recover_stale_lock logged and dropped it
-    return heads.get(branch)
+    if start is None:
+        head, snaps = _head_and_attempts(spark, spec, branch)
+        if head is not None and snaps.get(head, (None, None))[1] is not None:
+            raise ConcurrentApply(
+                f"another run is applying batch to {spec.identifier} at the same time (it committed {head} on branch {branch!r} "
+                "as this run created it); retry: the retry applies what is left, exactly once"
+            )
+        start = head
+    return start
 
 
 def _branch_heads(spark: SparkSession, spec: TableSpec, names: tuple[str, ...]) -> dict[str, int | None]:

@@ -132,9 +132,8 @@ def test_a_run_whose_branch_another_run_committed_on_meanwhile_does_not_own_it(s
     where the branch began; then B commits on top.  B's start is main's head,
     so the branch does not hold B's commits alone: ``own_head`` refuses it.
     On an empty table the branch's first snapshot is then A's, and B's
-    reset refuses at once
-    (before the fix B took A's commit for its start and published both runs'
-    rows, the nemesis's two-applies race)."""
+    reset refuses at once.  Before the fix B took A's commit for its start
+    and published both runs' rows (the nemesis's two-applies race)."""
     ident = f"{settings.catalog_name}.{NS}.raced_{int(empty)}"
     spark.sql(f"CREATE TABLE {ident} (id int, v string) USING iceberg TBLPROPERTIES ('format-version'='2')")
     if not empty:

@@ -67,8 +67,8 @@ def reset_branch(spark: SparkSession, spec: TableSpec, branch: str) -> int | Non
         head, snaps = _head_and_attempts(spark, spec, branch)
         if head is not None and snaps.get(head, (None, None))[1] is not None:
             raise ConcurrentApply(
-                f"another run is applying batch to {spec.identifier} at the same time (it committed {head} on branch {branch!r} "
-                "as this run created it); retry: the retry applies what is left, exactly once"
+                f"another run of this batch is applying it to {spec.identifier} at the same time (it committed {head} on branch "
+                f"{branch!r} as this run created it); retry: the retry applies what is left, exactly once"
             )
         start = head
     return start

@@ -53,23 +53,23 @@ def spark(settings):
 LONGEST_FIRST = [
     "tests/test_apply_rules.py",
     "tests/test_nemesis.py",
-    "tests/test_warm_driver.py",
-    "tests/test_gate.py",
-    "tests/test_e2e_dag_runner.py",
-    "tests/test_apply_property.py",
-    "tests/test_e2e_standalone.py",
-    "tests/test_benchmark_runs.py",
-    "tests/airflow_ui/test_operator_ui.py",
     "tests/test_spark_cluster.py",
-    "tests/test_spark_connect.py",
-    "tests/test_probe_apply.py",
+    "tests/test_e2e_standalone.py",
+    "tests/test_gate.py",
+    "tests/airflow_ui/test_operator_ui.py",
+    "tests/test_apply_property.py",
+    "tests/test_benchmark_runs.py",
+    "tests/test_e2e_dag_runner.py",
+    "tests/test_history.py",
+    "tests/test_warm_driver.py",
     "tests/test_transactions.py",
     "tests/test_realsource_postgres.py",
-    "tests/test_history.py",
+    "tests/test_probe_apply.py",
+    "tests/test_spark_connect.py",
 ]
-"""The test files that take longest (the suite's own durations, longest
-first).  ``./dev test`` hands files to its workers in this order, then the
-rest as collected (``--no-loadscope-reorder``): xdist's own order, by number
+"""The test files that take longest, longest first (CI's sample at 5f7031b:
+each file's test seconds from ``CDC_TEST_TIMINGS``).  ``./dev test`` hands
+files to its workers in this order, then the rest as collected (``--no-loadscope-reorder``): xdist's own order, by number
 of tests, started the one-test benchmark last, and it ran alone for the
 suite's last 25 minutes."""
 

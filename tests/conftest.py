@@ -69,9 +69,10 @@ LONGEST_FIRST = [
 ]
 """The test files that take longest, longest first (CI's sample at 5f7031b:
 each file's test seconds from ``CDC_TEST_TIMINGS``).  ``./dev test`` hands
-files to its workers in this order, then the rest as collected (``--no-loadscope-reorder``): xdist's own order, by number
-of tests, started the one-test benchmark last, and it ran alone for the
-suite's last 25 minutes."""
+files to its workers in this order, then the rest as collected
+(``--no-loadscope-reorder``): xdist's own order, by number of tests, started
+the one-test benchmark last, and it ran alone for the suite's last 25
+minutes."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -21,11 +21,12 @@ from tests.sample import FULL
 ROOT = Path(__file__).resolve().parents[1]
 
 
-TIMING_ONLY = ["table_size", "hourly", "hourly_connect", "project_next", "rss", "decode"]
+TIMING_ONLY = ["table_size", "hourly", "hourly_connect", "project_next", "warm_round", "rss", "decode"]
 """Sections CI's sample leaves out (``tests/sample.py``): each times code that
 the other sections or other tests run too (a batch into a larger table, the
 DAG's spark-submit job, a Connect client's job, a second batch of the
-session, a 5x batch, the exact decoder beside the fast path)."""
+session, both main contenders again on fresh tables, a 5x batch, the exact
+decoder beside the fast path)."""
 
 
 @pytest.mark.slow
@@ -61,6 +62,7 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
 
     for name, section in (
         ("project_vs_textbook", "textbook"),
+        ("project_vs_textbook_warm", "warm_round"),
         ("project_vs_pyiceberg", "pyiceberg"),
         ("project_vs_limit", "project"),
         ("table_size_ratio", "table_size"),
@@ -113,6 +115,7 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
     # a section's own record is there exactly when it ran
     for record, section in (
         ("table_size",) * 2,
+        ("warm_round",) * 2,
         ("hourly",) * 2,
         ("hourly_connect",) * 2,
         ("hourly_connect_mor", "hourly_connect"),

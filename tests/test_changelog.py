@@ -4,6 +4,7 @@ Iceberg: every decoded change once, published only with its table."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -71,6 +72,28 @@ def test_every_decoded_change_is_logged_once_with_its_images(spark, settings, ns
     model = apply_model(b1 + b2, ["id"], list(COLS))
     got = live_rows(spark, settings, ns, "items", ["id"], COLS)
     assert {tuple(k): v for k, v in got.items()} == {k: {c: v.get(c) for c in COLS} for k, v in model.items()}
+
+
+def test_the_change_log_s_commits_carry_its_own_ledger_and_none_of_the_table_s(spark, settings, ns):
+    """The table's MERGE carries its ledger (files, counts, positions) as
+    session conf (``branches.snapshot_properties``), and Iceberg puts a
+    session's snapshot properties on every commit of the session, a
+    DataFrame append's too.  The change log's append, on a thread beside
+    the labelling, commits before that span opens: its snapshots name its
+    own files and none of the table's counts or positions."""
+    r = apply_events(spark, settings, ns, _batch1(ns), batch_tag="one")
+    assert r.status == "complete", r.message
+    table = f"{settings.catalog_name}.{ns}.items"
+
+    def ledger_summaries(ident: str) -> list[dict]:
+        rows = spark.sql(f"SELECT summary FROM {ident}.snapshots").collect()
+        return [s["summary"] for s in rows if (s["summary"] or {}).get("cdc.batch-id")]
+
+    table_only = {"cdc.position-max", "cdc.watermark", "cdc.commit-ts-max"}
+    assert any(table_only <= set(s) and s["cdc.counts"] != "{}" for s in ledger_summaries(table))  # what could leak
+    logged = ledger_summaries(changelog.identifier(table))
+    assert logged and all(s["cdc.counts"] == "{}" and not table_only & set(s) for s in logged), logged
+    assert {f["path"] for s in logged for f in json.loads(s["cdc.files"])} == {f"/virtual/{ns}/h1.jsonl"}
 
 
 def test_killed_between_the_change_log_and_the_table_publish_logs_each_change_once(spark, settings, ns):

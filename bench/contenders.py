@@ -233,10 +233,11 @@ def _record_live_rows(spark, ident: str) -> None:
     rows would otherwise leave the seed batch's count of one row, and the
     benchmark's first batch would pay a scan no hourly batch pays."""
     from cdc_apply.apply import branches, tables
+    from cdc_apply.apply.table import read_snapshot
 
     spec = tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=[wl.KEY], columns=dict(wl.SPARK_TYPES))
     head = branches.branch_snapshot(spark, spec, "main")
-    tables.record_live_rows(spark, ident, head, spark.sql(f"SELECT * FROM {ident} VERSION AS OF {head}").where("NOT _cdc_deleted").count())
+    tables.record_live_rows(spark, ident, head, read_snapshot(spark, spec, head).where("NOT _cdc_deleted").count())
 
 
 def _append_typed(spark, ident: str, df, extra: dict[str, str]) -> None:

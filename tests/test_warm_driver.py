@@ -45,6 +45,24 @@ except Exception as exc:
     print("refused", type(exc).__name__)
 """
 
+UNWATCHED = """
+import sys, time
+from cdc_apply.config import Settings
+from cdc_apply.runtime import session, warm_driver
+spark = session.remote_session(Settings.from_env())
+while session._unwatch:  # no watch: the job's own call is the first to meet the dead server
+    session._unwatch.pop()()
+print(spark.range(3).count(), flush=True)
+sys.stdin.readline()  # meanwhile the test kills the server's JVM
+try:
+    print("served", spark.range(5).count(), flush=True)
+except Exception as exc:
+    print("failed", type(exc).__name__, flush=True)
+print("lost", warm_driver.lost() is not None, flush=True)
+session.stop_remote_session()
+print("stopped", flush=True)
+"""
+
 
 @pytest.fixture
 def env(tmp_path) -> Iterator[dict[str, str]]:
@@ -292,6 +310,29 @@ def test_a_job_whose_warm_driver_dies_under_it_fails_at_once_and_its_retry_appli
     [second] = status(env)  # read before the table, while the retry's server still runs
     assert second["url"] != server["url"] and len(spark_servers(env["CDC_HOME"])) == 1
     check_demo_table(env)  # the batch once, whole: nothing lost or doubled by the crash
+
+
+@pytest.mark.spark
+def test_a_call_that_meets_its_dead_warm_driver_first_fails_at_once_and_the_client_closes(env):
+    """The other order of the test above: the job's own call meets the dead
+    server before the watch's next look.  The Connect client's default policy
+    retried it for ten minutes, and closing the client waited as long for
+    its result releases' retries; a job on a warm driver retries only while
+    its server serves (``session._while_served``)."""
+    job_env = {**env, "CDC_SPARK_REMOTE": "local", "CDC_WARM_DRIVER_IDLE_SECONDS": "600"}
+    probe = [str(VENV_BIN / "python"), "-c", UNWATCHED]
+    proc = subprocess.Popen(probe, env=job_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        assert first == "3", proc.stderr.read()[-3000:] if proc.poll() is not None else first  # type: ignore[union-attr]
+        [server] = status(env)
+        server_jvm(server["supervisor_pid"]).kill()
+        wait_for(lambda: not spark_servers(env["CDC_HOME"]), 60, "the killed JVM is still listed")
+        out, err = proc.communicate("go\n", timeout=180)  # seconds, not the client's ten minutes
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert out.split("\n")[:3] == ["failed SparkConnectGrpcException", "lost True", "stopped"], out + err[-3000:]
 
 
 def test_settings_of_the_warm_driver(monkeypatch):

@@ -8,6 +8,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 
@@ -16,10 +17,15 @@ from cdc_apply.runtime import warm_driver
 from cdc_apply.runtime.code_zip import build_code_zip
 from cdc_apply.runtime.spark_conf import iceberg_conf, jar_paths, session_conf
 
+if TYPE_CHECKING:
+    from pyspark.sql.connect.client.retries import RetryPolicy
+
 _one_command = False
 _unwatch: list[Callable[[], None]] = []
 """stops the watch on this process's warm driver (``remote_session``)"""
 log = logging.getLogger(__name__)
+WHILE_SERVED_SECONDS = 600
+"""how long a warm driver's job retries a refused call while its server still runs (the client's default)"""
 
 
 def one_command_process() -> None:
@@ -113,8 +119,29 @@ def remote_session(settings: Settings, *, pool: str | None = None) -> SparkSessi
         spark.conf.set("spark.scheduler.pool", pool)
     spark.addArtifacts(build_code_zip(settings.home / "dist"), pyfile=True)
     if local:
+        spark.client.set_retry_policies([_while_served()])  # type: ignore[operator]  # (a Connect session's)
         _unwatch.append(warm_driver.watch(lambda reason: _fail_now(spark, reason)))
     return spark
+
+
+def _while_served() -> RetryPolicy:
+    """The Connect client's retry policy for a job on this home's warm
+    driver: its default (a refused or broken call is retried for ten
+    minutes), with short waits, and no retry at all once the server is gone.
+
+    Why: the client releases a query's results on a thread pool of its own,
+    each release retried by the same policy, and closing the client waits
+    for that pool.  A server killed while a release was under way kept a
+    job for ten minutes after the kill (its retries, then the close), where
+    it should fail within seconds.  Localhost has no network to wait out:
+    while the server serves, a wait of 2 s is long enough."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    class WhileServed(DefaultPolicy):
+        def can_retry(self, exception: BaseException) -> bool:
+            return super().can_retry(exception) and warm_driver.lost() is None
+
+    return WhileServed(max_retries=3 + WHILE_SERVED_SECONDS // 2, max_backoff=2000)
 
 
 def shown(url: str) -> str:

@@ -100,7 +100,8 @@ class Server:
 _attached: dict[Path, tuple[int, Server]] = {}
 """this process's attachments: state folder -> (clients lock fd, server)"""
 _lost: list[str] = []
-"""what ended a server under this process's job (``watch``), at most one"""
+"""what ended a server under this process's job (``lost``), at most one"""
+_lost_lock = threading.Lock()
 
 
 def state_dir(settings: Settings) -> Path:
@@ -251,23 +252,31 @@ def watch(on_end: Callable[[str], None], interval: float = WATCH_SECONDS) -> Cal
 
     def run() -> None:
         while not done.wait(interval):
-            for _, server in list(_attached.values()):
-                why = _gone(server)
-                if why is not None and not done.is_set():
-                    _lost.append(
-                        f"the warm driver {server.url} ended during this job ({why}): the job is failed, "
-                        f"and a retry starts a new one; its log {server.log} ends:\n{_log_tail(server.log)}"
-                    )
-                    on_end(_lost[-1])
-                    return
+            said = lost()
+            if said is not None and not done.is_set():
+                on_end(said)
+                return
 
     threading.Thread(target=run, name="warm-driver-watch", daemon=True).start()
     return done.set
 
 
 def lost() -> str | None:
-    """What ended a warm driver under this process's job, if one did."""
-    return _lost[-1] if _lost else None
+    """What ended a warm driver under this process's job, if one did: checked
+    now, so a job whose own call fails first (before the watch's next look)
+    still learns that its server is gone, and the Connect client's retries
+    stop (``session.WhileServed``)."""
+    with _lost_lock:
+        if not _lost:
+            for _, server in list(_attached.values()):
+                why = _gone(server)
+                if why is not None:
+                    _lost.append(
+                        f"the warm driver {server.url} ended during this job ({why}): the job is failed, "
+                        f"and a retry starts a new one; its log {server.log} ends:\n{_log_tail(server.log)}"
+                    )
+                    break
+        return _lost[-1] if _lost else None
 
 
 def _free_port() -> int:

@@ -222,7 +222,8 @@ def detach() -> None:
     while _attached:
         _, (fd, _server) = _attached.popitem()
         os.close(fd)
-    _lost.clear()  # (read by the job's error handling before it detaches)
+    with _lost_lock:
+        _lost.clear()  # (read by the job's error handling before it detaches)
 
 
 def _gone(server: Server) -> str | None:

@@ -266,7 +266,7 @@ def lost() -> str | None:
     """What ended a warm driver under this process's job, if one did: checked
     now, so a job whose own call fails first (before the watch's next look)
     still learns that its server is gone, and the Connect client's retries
-    stop (``session.WhileServed``)."""
+    stop (``session._while_served``)."""
     with _lost_lock:
         if not _lost:
             for _, server in list(_attached.values()):

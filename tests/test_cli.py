@@ -188,13 +188,18 @@ def _java_commands(proc) -> list[list[str]]:
             children = psutil.Process(proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             break
+        javas: dict[int, tuple[int, list[str]]] = {}
         for child in children:
             try:
-                cmd = child.cmdline()
+                cmd, parent = child.cmdline(), child.ppid()
             except psutil.Error:  # ended while looked at
                 continue
             if cmd and cmd[0].endswith("/java"):
-                seen[child.pid] = cmd
+                javas[child.pid] = (parent, cmd)
+        for pid, (parent, cmd) in javas.items():
+            # a JVM's fork (Hadoop's shell probes) shows the JVM's own command line until it execs
+            if parent not in javas and parent not in seen:
+                seen[pid] = cmd
         time.sleep(0.1)
     return list(seen.values())
 

@@ -46,7 +46,7 @@ except Exception as exc:
 """
 
 UNWATCHED = """
-import sys, time
+import sys
 from cdc_apply.config import Settings
 from cdc_apply.runtime import session, warm_driver
 spark = session.remote_session(Settings.from_env())

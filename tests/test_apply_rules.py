@@ -497,6 +497,37 @@ def test_the_accounting_is_gathered_by_the_job_that_caches_the_net_changes(spark
         cached.unpersist()
 
 
+def test_the_labelling_caches_its_net_changes_uncompressed_and_gives_the_session_its_conf_back(spark, settings, ns, monkeypatch):
+    """A batch's net changes are cached with the columnar cache's compression
+    off (``spark_conf.NET_CHANGES_CACHE_CONF``), for the labelling's span
+    only: the session has its own value back after the batch, and a value the
+    user set (``CDC_SPARK_CONF_*``) is kept throughout."""
+    from cdc_apply.apply import compact
+
+    key = "spark.sql.inMemoryColumnarStorage.compressed"
+    real, seen = compact.cache_counted, []
+
+    def noting_the_conf(*args, **kwargs):  # the real caching, with the conf it runs under noted
+        seen.append(spark.conf.get(key, None))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compact, "cache_counted", noting_the_conf)
+    before = spark.conf.get(key, None)
+    r = apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
+    assert r.status == "complete", r.message
+    assert seen == ["false"] and spark.conf.get(key, None) == before
+    users = dataclasses.replace(settings, extra_spark_conf={**settings.extra_spark_conf, key: "true"})
+    spark.conf.set(key, "true")  # as the session the user's key made
+    try:
+        r = apply_events(spark, users, ns, [event("u", 1, {"name": "b", "amount": "2.00"}, pos=2)])
+        assert r.status == "complete", r.message
+        assert seen == ["false", "true"] and spark.conf.get(key) == "true"
+    finally:
+        spark.conf.unset(key) if before is None else spark.conf.set(key, before)
+    rows = live_rows(spark, settings, ns, "items", ["id"], {"id": "int", "name": "string", "amount": "decimal(10,2)"})
+    assert [(r["name"], r["amount"]) for r in rows.values()] == [("b", "2.00")]
+
+
 def test_a_classic_observation_after_pyspark_took_the_process_for_a_connect_one(monkeypatch):
     """PySpark's ``Observation()`` returns Spark Connect's class once the
     process has made a Connect session (process-wide state); the accounting

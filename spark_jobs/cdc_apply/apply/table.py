@@ -263,7 +263,7 @@ def _write(
         """The batch's net changes, cached and counted (``compact.cache_counted``),
         and how to let them go; a small batch's cut off from their plan
         (``session.cut_off``), which its later queries would read again."""
-        with _phase(spark, tr, "label"):
+        with _phase(spark, tr, "label"), spark_conf.scoped_conf(spark, work.settings, spark_conf.NET_CHANGES_CACHE_CONF):
             net = compact.net_changes(events, state, spec.key_columns, truncated_at, width=len(spec.columns), prune=prune)
             cached, acc = compact.cache_counted(net, spec.key_columns, list(spec.columns))
             if n_events > spark_conf.SMALL_BATCH_MESSAGES:

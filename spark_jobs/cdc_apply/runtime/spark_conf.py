@@ -142,6 +142,18 @@ def table_conf(spark: SparkSession, settings: Settings, live_rows: int | None) -
         yield
 
 
+NET_CHANGES_CACHE_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
+"""The labelling caches the batch's net changes (``compact.cache_counted``)
+without compressing the cache's columns.  Spark picks each column's encoding
+by trying every scheme on every value, and their maps, texts and positions
+hardly compress: at 500k events the cache was 262 MiB plain against 252 MiB
+compressed, and built in 4.34-5.03 s against 5.18-5.61 s (warm rounds,
+alternating).  In a 1M-event batch, 9 % of the task threads' CPU samples
+were that trial (a JFR profile; bench/README, issue 20 step 47).  The decoded
+batch keeps its compression: its file, table and status texts repeat, and
+plain it took 20 % more memory for 8 % less time."""
+
+
 BROADCAST_THRESHOLD = "spark.sql.autoBroadcastJoinThreshold"
 MERGE_BROADCAST_BYTES = 32 << 20
 """The MERGE of stored keys broadcasts the batch's net changes when Spark

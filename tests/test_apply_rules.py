@@ -503,6 +503,7 @@ def test_the_labelling_caches_its_net_changes_uncompressed_and_gives_the_session
     only: the session has its own value back after the batch, and a value the
     user set (``CDC_SPARK_CONF_*``) is kept throughout."""
     from cdc_apply.apply import compact
+    from cdc_apply.runtime import spark_conf
 
     key = "spark.sql.inMemoryColumnarStorage.compressed"
     real, seen = compact.cache_counted, []
@@ -523,7 +524,7 @@ def test_the_labelling_caches_its_net_changes_uncompressed_and_gives_the_session
         assert r.status == "complete", r.message
         assert seen == ["false", "true"] and spark.conf.get(key) == "true"
     finally:
-        spark.conf.unset(key) if before is None else spark.conf.set(key, before)
+        spark_conf.restore(spark, {key: before})
     rows = live_rows(spark, settings, ns, "items", ["id"], {"id": "int", "name": "string", "amount": "decimal(10,2)"})
     assert [(r["name"], r["amount"]) for r in rows.values()] == [("b", "2.00")]
 

@@ -16,6 +16,7 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -326,6 +327,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _exit_on_sigterm(signum: int, _frame: Any) -> None:
+    """SIGTERM as ``SystemExit``, so that ``main``'s ``finally`` runs."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -334,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="cdc-bench-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     say = lambda msg: print(f"[bench {time.perf_counter() - t_start:7.1f}s] {msg}", flush=True)  # noqa: E731
+    # a run stopped with SIGTERM (kill, a CI timeout) still removes its ~12 GB work folder below
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return _run(args, workdir, say, t_start)
     finally:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,3 +151,32 @@ def test_each_rss_run_gets_a_batch_of_its_own(tmp_path):
         w, tmp_path / "one", run.parse_args(["--scale", "tiny", "--rss-events", "40", "--hourly-events", "40"]), hourly
     )
     assert reuse and batches[0][0] is hourly
+
+
+def test_a_benchmark_stopped_with_sigterm_removes_its_work_folder(tmp_path):
+    """A full run's work folder holds ~12 GB; a run killed by SIGTERM (a
+    timeout, an operator's kill) must not leave it behind to fill ``/tmp``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+    env["TMPDIR"] = str(tmp_path)  # where the run's mkdtemp puts its folder
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "spark_jobs"), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.run", "--scale", "tiny", "--out", str(tmp_path / "results.json")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        # the workload's files are being written: the folder has content to lose
+        deadline = time.monotonic() + 300
+        while not list(tmp_path.glob("cdc-bench-*/data")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
+        assert list(tmp_path.glob("cdc-bench-*/data"))
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert not list(tmp_path.glob("cdc-bench-*")), out[-3000:]

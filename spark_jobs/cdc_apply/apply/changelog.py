@@ -95,8 +95,7 @@ def ensure_table(spark: SparkSession, ident: str, source: str) -> None:
         )
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {ident} ({COLUMNS}) USING iceberg PARTITIONED BY (days(commit_ts)) "
-        f"TBLPROPERTIES ('format-version'='2', 'write.wap.enabled'='true', 'cdc.source'={tables.sql_string(source)}, "
-        f"'cdc.changelog-of'={tables.sql_string(ident.removesuffix(SUFFIX))})"
+        f"TBLPROPERTIES ({tables.created_properties(source, **{'cdc.changelog-of': ident.removesuffix(SUFFIX)})})"
     )
 
 

@@ -80,8 +80,7 @@ def ensure_table(spark: SparkSession, ident: str, spec: tables.TableSpec, source
     cols = [f"{quote(c)} {t}" for c, t in spec.columns.items()] + [f"{c} {t}" for c, t in META_COLUMNS.items()]
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {ident} ({', '.join(cols)}) USING iceberg "
-        f"TBLPROPERTIES ('format-version'='2', 'write.wap.enabled'='true', 'cdc.source'={tables.sql_string(source)}, "
-        f"{tables.sql_string(PROPERTY)}={tables.sql_string(spec.identifier)})"
+        f"TBLPROPERTIES ({tables.created_properties(source, **{PROPERTY: spec.identifier})})"
     )
     if not spark.sql(f"SELECT 1 FROM {ident}.refs WHERE name = 'main'").collect():
         spark.table(ident).limit(0).writeTo(ident).append()

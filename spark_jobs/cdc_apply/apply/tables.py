@@ -91,12 +91,12 @@ truncate, another writer since) scans as before."""
 ROW_GROUP_BYTES = 16 << 20
 """Parquet row groups of every table the project creates (Iceberg's default:
 128 MB).  A scan splits a data file only between row groups, so a table of
-one file under 128 MB (a 1M-row table is ~80 MB) was read by one task in
+one file under 128 MB (1M ordinary rows: ~50-80 MB) was read by one task in
 every labelling, MERGE and count, whatever the cores; in 16 MB row groups
-the same 83 MB file was read as 6 splits, in 0.85-1.02 s against 1.31-1.68 s
-on 2 cores, for the same file size (bench/README, issue 20 step 48).
-Iceberg's adaptive split size never goes below 16 MB either, so smaller
-groups would add no split."""
+an 83 MB file was read as 6 splits, in 0.85-1.02 s against 1.31-1.68 s on
+2 cores, for the same file size (bench/README, issue 20 step 48).  Iceberg's
+adaptive split size does not go below 16 MB, so smaller groups would add no
+split."""
 
 
 def created_properties(source: str, **more: str) -> str:

@@ -560,6 +560,30 @@ def test_the_tables_a_batch_creates_are_written_in_row_groups_a_scan_can_split(s
     assert spark.table(target).rdd.getNumPartitions() >= 2
 
 
+def test_a_table_made_before_the_row_groups_gets_them_at_its_next_batch_and_a_set_value_is_kept(spark, settings, ns):
+    """A target and change log created without the row-group property (an
+    earlier version of the project) get it at their next batch, once, noted
+    in the batch's schema changes; a value set by hand stays."""
+    from cdc_apply.apply import tables
+
+    target = f"{settings.catalog_name}.{ns}.items"
+    key = tables.ROW_GROUP_PROPERTY
+    r = apply_events(spark, settings, ns, [event("c", 1, {"name": "a", "amount": "1.00"}, pos=1)])
+    assert r.status == "complete", r.message
+    for ident in (target, target + "_changes"):
+        spark.sql(f"ALTER TABLE {ident} UNSET TBLPROPERTIES ('{key}')")
+    r = apply_events(spark, settings, ns, [event("u", 1, {"name": "b", "amount": "2.00"}, pos=2)])
+    assert r.status == "complete", r.message
+    assert r.tables[0].schema_changes == [f"{key} (unset) -> {tables.ROW_GROUP_BYTES}"]
+    for ident in (target, target + "_changes"):
+        assert tables.table_properties(spark, ident)[key] == str(tables.ROW_GROUP_BYTES), ident
+    spark.sql(f"ALTER TABLE {target} SET TBLPROPERTIES ('{key}'='134217728')")
+    r = apply_events(spark, settings, ns, [event("u", 1, {"name": "c", "amount": "3.00"}, pos=3)])
+    assert (r.status, r.tables[0].schema_changes) == ("complete", []), r.message
+    assert tables.table_properties(spark, target)[key] == "134217728"
+    assert rows(spark, settings, ns) == {"1": ("c", "3.00")}
+
+
 def test_a_classic_observation_after_pyspark_took_the_process_for_a_connect_one(monkeypatch):
     """PySpark's ``Observation()`` returns Spark Connect's class once the
     process has made a Connect session (process-wide state); the accounting

@@ -87,12 +87,17 @@ def ensure_table(spark: SparkSession, ident: str, source: str) -> None:
     batch's rows are written by one commit, so its files hold only its
     ``batch_id`` and their column bounds prune a read of one batch.  A table
     of that name that is not a change log (a source table ``<t>_changes``)
-    is refused, terminally: its target must be mapped elsewhere."""
-    if tables.table_exists(spark, ident) and "cdc.changelog-of" not in tables.table_properties(spark, ident):
-        raise ConfigError(
-            f"{ident} is a table, not the change log of {ident.removesuffix(SUFFIX)}: map one of them to another target "
-            "(`tables: {<table>: {target: <name>}}`) or set `changelog: false` on the source"
-        )
+    is refused, terminally: its target must be mapped elsewhere.  A change
+    log made before ``tables.ROW_GROUP_BYTES`` is given them."""
+    if tables.table_exists(spark, ident):
+        properties = tables.table_properties(spark, ident)
+        if "cdc.changelog-of" not in properties:
+            raise ConfigError(
+                f"{ident} is a table, not the change log of {ident.removesuffix(SUFFIX)}: map one of them to another target "
+                "(`tables: {<table>: {target: <name>}}`) or set `changelog: false` on the source"
+            )
+        tables.keep_row_groups(spark, ident, properties)
+        return
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {ident} ({COLUMNS}) USING iceberg PARTITIONED BY (days(commit_ts)) "
         f"TBLPROPERTIES ({tables.created_properties(source, **{'cdc.changelog-of': ident.removesuffix(SUFFIX)})})"

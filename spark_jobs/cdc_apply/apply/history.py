@@ -63,13 +63,16 @@ def identifier(table_identifier: str) -> str:
 
 def ensure_table(spark: SparkSession, ident: str, spec: tables.TableSpec, source: str) -> None:
     """Create the history, or give it the table's new columns and widenings.  A
-    table of that name that is not a history is refused, terminally."""
+    table of that name that is not a history is refused, terminally.  A
+    history made before ``tables.ROW_GROUP_BYTES`` is given them."""
     if tables.table_exists(spark, ident):
-        if PROPERTY not in tables.table_properties(spark, ident):
+        properties = tables.table_properties(spark, ident)
+        if PROPERTY not in properties:
             raise ConfigError(
                 f"{ident} is a table, not the history of {spec.identifier}: map one of them to another target "
                 "(`tables: {<table>: {target: <name>}}`) or drop `history: scd2` from the table"
             )
+        tables.keep_row_groups(spark, ident, properties)
         have = {f.name: f.dataType.simpleString() for f in spark.table(ident).schema.fields}
         for col, typ in spec.columns.items():
             if col not in have:

@@ -141,6 +141,7 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
     watermark = work.source_state.setdefault(TRUNCATES_KEY, {}).get(_table_key(meta))
     truncated_at = max([p for p in (truncs["p"], led.truncated_at if led else None, watermark) if p], default=None)
     properties = tables.table_properties(spark, spec.identifier)  # as created or evolved above
+    tr.schema_changes += tables.keep_row_groups(spark, spec.identifier, properties)
     with spark_conf.table_conf(spark, work.settings, tables.recorded_live_rows(properties) if exists else 0):
         # the change log's append runs beside the labelling: it must commit before the table's MERGE
         log_write = (

@@ -88,6 +88,7 @@ cut from that snapshot takes its count before the batch from here instead of
 a scan of the table; a batch cut from any other snapshot (a compaction, a
 truncate, another writer since) scans as before."""
 
+ROW_GROUP_PROPERTY = "write.parquet.row-group-size-bytes"
 ROW_GROUP_BYTES = 16 << 20
 """Parquet row groups of every table the project creates (Iceberg's default:
 128 MB).  A scan splits a data file only between row groups, so a table of
@@ -105,11 +106,21 @@ def created_properties(source: str, **more: str) -> str:
     props = {
         "format-version": "2",
         "write.wap.enabled": "true",
-        "write.parquet.row-group-size-bytes": str(ROW_GROUP_BYTES),
+        ROW_GROUP_PROPERTY: str(ROW_GROUP_BYTES),
         "cdc.source": source,
         **more,
     }
     return ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in props.items())
+
+
+def keep_row_groups(spark: SparkSession, identifier: str, properties: dict[str, str]) -> list[str]:
+    """Give a table made before :data:`ROW_GROUP_BYTES` (its ``properties``
+    lack the key) the row groups of a new one, for the files written from now
+    on; a value someone set is kept.  Returns the change made, for the report."""
+    if ROW_GROUP_PROPERTY in properties:
+        return []
+    spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({sql_string(ROW_GROUP_PROPERTY)}={sql_string(str(ROW_GROUP_BYTES))})")
+    return [f"{ROW_GROUP_PROPERTY} (unset) -> {ROW_GROUP_BYTES}"]
 
 
 def encode_key(columns: list[str]) -> str:

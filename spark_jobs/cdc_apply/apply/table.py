@@ -129,15 +129,7 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
         return
     tr.schema_changes += _create_or_evolve(work, spec, exists, meta)
     tr.seconds["setup"] = round(time.perf_counter() - started, 3)
-    truncs: Any
-    if partly:  # some files were applied to this table already: count the rest
-        truncs = ev.agg(
-            F.max(F.when(F.col("op") == "t", F.col("position"))).alias("p"),
-            F.count(F.when(F.col("op") == "t", 1)).alias("n"),
-            F.unix_micros(F.max("commit_ts")).alias("us"),
-        ).collect()[0]
-    else:
-        truncs = {"p": meta["max_truncate"], "n": meta["truncates"], "us": meta["max_commit_us"]}
+    truncs = _truncates(ev, meta, partly)
     watermark = work.source_state.setdefault(TRUNCATES_KEY, {}).get(_table_key(meta))
     truncated_at = max([p for p in (truncs["p"], led.truncated_at if led else None, watermark) if p], default=None)
     properties = tables.table_properties(spark, spec.identifier)  # as created or evolved above
@@ -158,6 +150,19 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
             if log_write:
                 log_write.wait()
     log.info("%s: written (%s)", spec.identifier, tr.describe_seconds())
+
+
+def _truncates(ev: DataFrame, meta: Any, partly: bool) -> Any:
+    """The table's truncates in the batch: highest position ``p``, count ``n``
+    and latest commit ``us`` (µs), from the decode's census (``meta``), or
+    counted again when some files were applied to this table already."""
+    if not partly:
+        return {"p": meta["max_truncate"], "n": meta["truncates"], "us": meta["max_commit_us"]}
+    return ev.agg(
+        F.max(F.when(F.col("op") == "t", F.col("position"))).alias("p"),
+        F.count(F.when(F.col("op") == "t", 1)).alias("n"),
+        F.unix_micros(F.max("commit_ts")).alias("us"),
+    ).collect()[0]
 
 
 def _write_changelog(work: TableWork, spec: tables.TableSpec, events: DataFrame, files: list[ArchiveFile], tr: TableResult) -> None:

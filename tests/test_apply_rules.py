@@ -542,7 +542,7 @@ def test_the_tables_a_batch_creates_are_written_in_row_groups_a_scan_can_split(s
     assert r.status == "complete", r.message
     target = f"{settings.catalog_name}.{ns}.items"
     for ident in (target, target + "_changes"):
-        assert tables.table_properties(spark, ident)["write.parquet.row-group-size-bytes"] == str(tables.ROW_GROUP_BYTES), ident
+        assert tables.table_properties(spark, ident)[tables.ROW_GROUP_PROPERTY] == str(tables.ROW_GROUP_BYTES), ident
     # ~40 MB of text that does not compress, written as one file by the table's own writer
     noise = F.concat(*[F.sha2(F.concat(F.col("id").cast("string"), F.lit(i)), 512) for i in range(2)])
     table = spark.table(target)

@@ -23,6 +23,14 @@ from tests.sample import FULL
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def bench_env(**extra: str) -> dict[str, str]:
+    """The environment of a ``bench.run`` subprocess: none of this process's
+    ``CDC_*`` settings (the run makes its own home), the project importable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "spark_jobs"), env.get("PYTHONPATH", "")])
+    return env | extra
+
+
 TIMING_ONLY = ["table_size", "hourly", "hourly_connect", "project_next", "warm_round", "rss", "decode"]
 """Sections CI's sample leaves out (``tests/sample.py``): each times code that
 the other sections or other tests run too (a batch into a larger table, the
@@ -36,9 +44,7 @@ def test_benchmark_tiny_reports_every_figure(tmp_path):
     out = tmp_path / "results.json"
     skipped = set() if FULL else set(TIMING_ONLY)
     skips = [a for name in sorted(skipped) for a in ("--skip", name)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
-    env.setdefault("CDC_JARS_DIR", str(ROOT / ".cdc" / "jars"))
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "spark_jobs"), env.get("PYTHONPATH", "")])
+    env = bench_env(CDC_JARS_DIR=str(ROOT / ".cdc" / "jars"))
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--scale", "tiny", "--out", str(out), "--workdir", str(tmp_path / "work"), *skips],
         cwd=ROOT,
@@ -156,9 +162,7 @@ def test_each_rss_run_gets_a_batch_of_its_own(tmp_path):
 def test_a_benchmark_stopped_with_sigterm_removes_its_work_folder(tmp_path):
     """A full run's work folder holds ~12 GB; a run killed by SIGTERM (a
     timeout, an operator's kill) must not leave it behind to fill ``/tmp``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
-    env["TMPDIR"] = str(tmp_path)  # where the run's mkdtemp puts its folder
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "spark_jobs"), env.get("PYTHONPATH", "")])
+    env = bench_env(TMPDIR=str(tmp_path))  # where the run's mkdtemp puts its folder
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.run", "--scale", "tiny", "--out", str(tmp_path / "results.json")],
         cwd=ROOT,

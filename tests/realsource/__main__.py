@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -73,7 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     for kind, ms in sorted(all_classes.items(), key=lambda kv: -len(kv[1])):
         print(f"  {len(ms):5d}  {kind}   e.g. {ms[0]}")
     spark.stop()
+    put_away(work, owned=args.work is None, failed=failed)
     return 1 if failed else 0
+
+
+def put_away(work: Path, *, owned: bool, failed: bool) -> None:
+    """A folder the soak made itself (no ``--work``) holds ~0.5 GB of captures
+    and tables a seed: removed after a clean run, kept for a look when a row
+    differed (its path printed).  A ``--work`` folder is the caller's: kept."""
+    if owned and not failed:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"work folder kept: {work}", flush=True)
 
 
 if __name__ == "__main__":

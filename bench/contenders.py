@@ -237,7 +237,7 @@ def _record_live_rows(spark, ident: str) -> None:
 
     spec = tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=[wl.KEY], columns=dict(wl.SPARK_TYPES))
     head = branches.branch_snapshot(spark, spec, "main")
-    tables.record_live_rows(spark, ident, head, read_snapshot(spark, spec, head).where("NOT _cdc_deleted").count())
+    tables.record_live_rows(spark, ident, head, tables.live_rows(read_snapshot(spark, spec, head)))
 
 
 def _append_typed(spark, ident: str, df, extra: dict[str, str]) -> None:

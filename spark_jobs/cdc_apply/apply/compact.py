@@ -658,6 +658,8 @@ class Accounting(NamedTuple):
     the MERGE to prune the target's files (merge.key_range_condition)"""
     new_keys: int
     """net changes of keys the branch holds neither as a row nor as a tombstone"""
+    new_key_ranges: dict[str, tuple]
+    """the same of the net changes of new keys (with ``key_ranges``, every key the reconciliation reads)"""
     partial_rows: int = 0
     """net changes that write a row with inherited or never-set columns (``_writes_partial_row``)"""
     whole_rows: int = 0
@@ -727,6 +729,8 @@ def _accounting_columns(key_cols: list[str], columns: list[str] | None) -> list[
         count(written & _replaces_stored_row(data_cols), "_whole_rows"),
         *[F.min(F.when(stored, F.col(quote(k)))).alias(f"_lo{i}") for i, k in enumerate(key_cols)],
         *[F.max(F.when(stored, F.col(quote(k)))).alias(f"_hi{i}") for i, k in enumerate(key_cols)],
+        *[F.min(F.when(written & ~stored, F.col(quote(k)))).alias(f"_lo_new{i}") for i, k in enumerate(key_cols)],
+        *[F.max(F.when(written & ~stored, F.col(quote(k)))).alias(f"_hi_new{i}") for i, k in enumerate(key_cols)],
     ]
 
 
@@ -735,6 +739,7 @@ def _accounting_of(agg: dict[str, Any], key_cols: list[str], columns: list[str] 
     buckets do not add up to the events."""
     n = {k: int(agg[k] or 0) for k in agg if not k.startswith(("_lo", "_hi")) and k not in ("lo", "hi")}
     key_ranges = {k: (agg[f"_lo{i}"], agg[f"_hi{i}"]) for i, k in enumerate(key_cols) if agg[f"_lo{i}"] is not None}
+    new_ranges = {k: (agg[f"_lo_new{i}"], agg[f"_hi_new{i}"]) for i, k in enumerate(key_cols) if agg[f"_lo_new{i}"] is not None}
     counts = {k: n[k] for k in ("inserted", "updated", "deleted", "noop_deletes", "filled", "keys")}
     counts["duplicates"], counts["conflicts"] = n["_k_dups"], n["_k_conflicts"]
     if columns:
@@ -745,7 +750,9 @@ def _accounting_of(agg: dict[str, Any], key_cols: list[str], columns: list[str] 
     buckets = counts["duplicates"] + counts["conflicts"] + counts["superseded"] + final
     if not n["null_keys"] and (n["_cdc_events"] != final + n["compacted"] or n["_cdc_key_events"] != buckets):
         raise AssertionError(f"accounting does not add up: {n['_cdc_key_events']} events, {n['_cdc_events']} applied, vs {counts}")
-    return Accounting(counts, agg["lo"], agg["hi"], n["null_keys"], key_ranges, n["_new_keys"], n["_partial_rows"], n["_whole_rows"])
+    return Accounting(
+        counts, agg["lo"], agg["hi"], n["null_keys"], key_ranges, n["_new_keys"], new_ranges, n["_partial_rows"], n["_whole_rows"]
+    )
 
 
 def _writes_partial_row(data_cols: list[str]) -> Column:

@@ -269,13 +269,15 @@ def reconcile(
     key_columns: list[str],
     counts: dict[str, int],
     main: DataFrame,
+    key_filter: str | None = None,
 ) -> list[str]:
     """CDC reconciliation of the batch; returns the names of failed checks.
 
-    ``base_live`` and ``live_after``: the live rows before and after the batch,
-    counted (the caller's: a count of the whole table, each kept for the next
-    batch); the other checks join the batch's keys (broadcast while they are
-    few enough) with the branch and ``main``, so they cost what the batch costs."""
+    ``base_live`` and ``live_after``: the live rows before and after the batch
+    (the caller's counts of the whole table, each kept for the next batch); the
+    other checks join the batch's keys (broadcast while few enough) with the
+    branch and ``main``, whose scans ``key_filter`` prunes to the batch's key
+    ranges (``merge.key_ranges_filter``): they cost what the batch costs."""
     failed = []
     expected = base_live + counts["inserted"] - counts["deleted"]
     if live_after != expected:
@@ -287,6 +289,8 @@ def reconcile(
     # the branch's rows of the batch's keys, each with how many rows its key has
     # there (a window over the key: the joins below are partitioned by it too)
     per_key = Window.partitionBy(*keys)
+    if key_filter:  # redundant with the semi-joins below, but pushed into the scans
+        branch, main = branch.where(key_filter), main.where(key_filter)
     b = (
         branch.join(batch_keys, key_columns, "left_semi")
         .select(*keys, F.col("_cdc_position").alias("b_pos"), F.col("_cdc_deleted").alias("b_del"))
@@ -310,12 +314,10 @@ def reconcile(
         )
         .collect()[0]
     )
-    if bad["duplicated"]:
-        failed.append(f"reconcile_key_unique(keys={bad['duplicated']})")
-    if bad["regressed"]:
-        failed.append(f"reconcile_no_position_regression(rows={bad['regressed']})")
-    if bad["deleted_present"]:
-        failed.append(f"reconcile_deleted_keys_absent(rows={bad['deleted_present']})")
-    if bad["upsert_missing"]:
-        failed.append(f"reconcile_upserted_keys_present(rows={bad['upsert_missing']})")
-    return failed
+    checks = {
+        "duplicated": "reconcile_key_unique(keys={})",
+        "regressed": "reconcile_no_position_regression(rows={})",
+        "deleted_present": "reconcile_deleted_keys_absent(rows={})",
+        "upsert_missing": "reconcile_upserted_keys_present(rows={})",
+    }
+    return failed + [name.format(bad[k]) for k, name in checks.items() if bad[k]]

@@ -46,8 +46,9 @@ def apply_truncate(spark: SparkSession, spec: TableSpec, branch: str, truncated_
         )
 
 
-def key_range_condition(spec: TableSpec, key_ranges: dict[str, tuple] | None) -> list[str]:
-    """``t.k BETWEEN lo AND hi`` per key column, from the batch's own keys.
+def key_range_condition(spec: TableSpec, key_ranges: dict[str, tuple] | None, alias: str | None = "t") -> list[str]:
+    """``t.k BETWEEN lo AND hi`` per key column, from the batch's own keys
+    (``alias`` None: ``k BETWEEN ...``, for a frame's ``where``).
 
     Redundant for the join (a matching target row has a batch key) but, being
     on the target alone, pushed into its scan: Iceberg skips the data files
@@ -59,8 +60,25 @@ def key_range_condition(spec: TableSpec, key_ranges: dict[str, tuple] | None) ->
     for k, (lo, hi) in (key_ranges or {}).items():
         lit_lo, lit_hi = _literal(lo, spec.columns[k]), _literal(hi, spec.columns[k])
         if lit_lo is not None and lit_hi is not None:
-            conds.append(f"t.{quote(k)} BETWEEN {lit_lo} AND {lit_hi}")
+            conds.append(f"{alias + '.' if alias else ''}{quote(k)} BETWEEN {lit_lo} AND {lit_hi}")
     return conds
+
+
+def key_ranges_filter(spec: TableSpec, *ranges: dict[str, tuple]) -> str | None:
+    """A condition every key in one of ``ranges`` meets (each as
+    ``key_range_condition``'s), for a frame's ``where``: Iceberg then skips
+    the data files whose key bounds miss all of them.  Separate ranges, not
+    one around them all: a batch's new keys are often far above its stored
+    ones (a sequence), and one range would span the table.  None when a
+    range cannot be written (a key type without exact literals)."""
+    parts = []
+    for r in ranges:
+        if r:
+            conds = key_range_condition(spec, r, alias=None)
+            if not conds:
+                return None
+            parts.append(f"({' AND '.join(conds)})")
+    return " OR ".join(parts) or None
 
 
 def _literal(value: Any, spark_type: str) -> str | None:

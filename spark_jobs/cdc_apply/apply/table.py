@@ -261,7 +261,7 @@ def _write(
     base_live = None if truncs["n"] else tables.counted_live_rows(properties, start_snapshot)
     if base_live is None:
         with _phase(spark, tr, "live_rows"):
-            base_live = branches.read_branch(spark, spec, branch).where("NOT _cdc_deleted").count()
+            base_live = tables.live_rows(branches.read_branch(spark, spec, branch))
     n_events = int(meta["n"])
     prune = n_events <= compact.BROADCAST_ROWS_MAX and n_events * PRUNE_STATE_MIN_RATIO <= base_live
 
@@ -355,8 +355,9 @@ def _write(
         # reconciliation needs the folded batch: computed now, judged by the gate
         with _phase(spark, tr, "reconcile"):
             written = read_snapshot(spark, spec, tr.branch_snapshot)
-            live_after = written.where("NOT _cdc_deleted").count()
-            tr.failed_expectations += gate.reconcile(written, base_live, live_after, folded, spec.key_columns, counts, main_df)
+            live_after = tables.live_rows(written)
+            keys = merge.key_ranges_filter(spec, acc.key_ranges, acc.new_key_ranges)
+            tr.failed_expectations += gate.reconcile(written, base_live, live_after, folded, spec.key_columns, counts, main_df, keys)
             _keep_live_rows(spark, spec, tr.branch_snapshot, live_after)
         tr.status = Status.WRITTEN
     finally:

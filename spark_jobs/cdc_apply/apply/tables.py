@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from cdc_apply.apply import catalog_reads
 from cdc_apply.apply.compact import quote, sql_string
@@ -334,6 +334,16 @@ def recorded_live_rows(properties: dict[str, str]) -> int | None:
     of whichever snapshot: the table's size, for a choice of how to run."""
     n = properties.get(LIVE_ROWS_PROPERTY, "").partition(":")[2]
     return int(n) if n.isdigit() else None
+
+
+def live_rows(rows: DataFrame) -> int:
+    """The rows of a table's snapshot that are not tombstones (``_cdc_deleted``
+    false): all its rows, less those whose ``_cdc_deleted`` is true or null.
+    Iceberg answers the first count from its manifests' record counts (while
+    no delete file applies) and reads the second only from the data files
+    whose column bounds admit a tombstone: a batch's tombstones are in the
+    files it wrote, so a batch into a large table does not read all of it."""
+    return rows.count() - rows.where("_cdc_deleted IS NULL OR _cdc_deleted").count()
 
 
 def record_live_rows(spark: SparkSession, identifier: str, snapshot_id: int, n: int) -> None:

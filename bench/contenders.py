@@ -142,13 +142,17 @@ def _job_group(spark, group: str) -> None:
     sc.setLocalProperty(JOB_DESCRIPTION, None)
 
 
-def project_apply(spark, settings, source: str, paths: list[str], *, profile_to: Path | None = None) -> dict[str, Any]:
-    """``run_batch`` on exactly these files; wall time of the whole call."""
+def project_apply(
+    spark, settings, source: str, paths: list[str], *, profile_to: Path | None = None, group: str | None = None
+) -> dict[str, Any]:
+    """``run_batch`` on exactly these files; wall time of the whole call.  Its
+    Spark jobs carry ``group`` (default ``project:<source>``), for
+    ``spark_jobs_profile``."""
     from cdc_apply.batch import run_batch
 
     files = archive_files(paths)
     prof = cProfile.Profile() if profile_to else None
-    _job_group(spark, f"project:{source}")
+    _job_group(spark, group or f"project:{source}")
     t0 = time.perf_counter()
     if prof:
         prof.enable()

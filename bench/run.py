@@ -491,10 +491,12 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     if next_files is not None:
         with section("project_next"):
             next_events, next_bytes = C.file_stats(next_files.paths)
-            pn = C.project_apply(spark, settings, "bench", next_files.paths)
+            pn = C.project_apply(spark, settings, "bench", next_files.paths, group="project_next:bench")
             res["project_next"] = _rate(next_events, next_bytes, pn["seconds"]) | {
                 "counts": pn["tables"][0]["counts"] if pn["tables"] else {}
             }
+            if args.profile:
+                out["project_next_profile"] = C.spark_jobs_profile(spark, "project_next:bench", pn["seconds"])
             say(f"project, next batch: {res['project_next']['events_per_s']:.0f} events/s ({pn['seconds']:.1f}s)")
 
     # -- the decode stage alone: exact decoder vs fast path ------------------------------

@@ -14,6 +14,7 @@ key takes no event after its change (rule 3's documented limit).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -143,6 +144,27 @@ EXECUTIONS = st.sampled_from(["interpreted", "generated code"])
 past 250k rows, runs generated code.  Both against the model."""
 
 
+STATE_READS = st.sampled_from(["whole", "key spans"])
+"""How each example's labelling reads the stored state: whole (these small
+tables), or as a batch small next to a large table does (``table.PRUNE_STATE_*``,
+``table.KEY_SPANS_MIN_ROWS``): the stored rows of the batch's key spans,
+semi-joined with its keys.  Both against the model."""
+
+
+@contextlib.contextmanager
+def state_read(how: str):
+    """Run the batches of the block reading the stored state ``how``."""
+    from cdc_apply.apply import table
+
+    saved = table.PRUNE_STATE_MIN_RATIO, table.KEY_SPANS_MIN_ROWS
+    if how == "key spans":
+        table.PRUNE_STATE_MIN_RATIO, table.KEY_SPANS_MIN_ROWS = 0, 0
+    try:
+        yield
+    finally:
+        table.PRUNE_STATE_MIN_RATIO, table.KEY_SPANS_MIN_ROWS = saved
+
+
 def executed(settings, execution: str):
     """``settings`` for a batch run ``execution``'s way: generated code as the
     user's own keys, which a small batch leaves as they are."""
@@ -168,13 +190,15 @@ def stamp(batches: list[list[ChangeEvent]], ns: str) -> list[list[ChangeEvent]]:
     return stamped
 
 
-def check(spark, settings, events, seed, nbatches, log_order, merge_mode="auto"):
+def check(spark, settings, events, seed, nbatches, log_order, merge_mode="auto", state="whole"):
     """``merge_mode``: the source's (``auto`` picks copy-on-write for tables
-    this small; ``merge-on-read`` writes the MERGEs as position deletes)."""
+    this small; ``merge-on-read`` writes the MERGEs as position deletes);
+    ``state``: how the labelling reads the stored state (``STATE_READS``)."""
     ns = f"prop_{next(_ns)}"
     batches = stamp(deliver(events, seed, nbatches, log_order), ns)
     for batch in batches:
-        result = apply_events(spark, settings, ns, batch, merge_mode=merge_mode)
+        with state_read(state):
+            result = apply_events(spark, settings, ns, batch, merge_mode=merge_mode)
         assert result.status in ("complete",), result.message
     got = _applied_rows(spark, settings, ns)
     assert got == _model_rows([e for b in batches for e in b])
@@ -183,17 +207,17 @@ def check(spark, settings, events, seed, nbatches, log_order, merge_mode="auto")
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(workloads(partial=False), MERGE_MODES, EXECUTIONS)
-def test_full_rows_any_delivery_order(spark, settings, w, merge_mode, execution):
-    check(spark, executed(settings, execution), *w, log_order=False, merge_mode=merge_mode)
+@given(workloads(partial=False), MERGE_MODES, EXECUTIONS, STATE_READS)
+def test_full_rows_any_delivery_order(spark, settings, w, merge_mode, execution, state):
+    check(spark, executed(settings, execution), *w, log_order=False, merge_mode=merge_mode, state=state)
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(workloads(partial=True), MERGE_MODES, EXECUTIONS)
-def test_partial_rows_any_delivery_order(spark, settings, w, merge_mode, execution):
+@given(workloads(partial=True), MERGE_MODES, EXECUTIONS, STATE_READS)
+def test_partial_rows_any_delivery_order(spark, settings, w, merge_mode, execution, state):
     """A late event fills the columns later partial events left out: the
     result is the same for every delivery order and batch split."""
-    check(spark, executed(settings, execution), *w, log_order=False, merge_mode=merge_mode)
+    check(spark, executed(settings, execution), *w, log_order=False, merge_mode=merge_mode, state=state)
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
@@ -203,12 +227,12 @@ def test_key_changes_inherit_what_they_leave_out(spark, settings, w, merge_mode,
 
 
 @hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(workloads(partial=True, partial_moves=True, retire_moved=True), MERGE_MODES, EXECUTIONS)
-def test_key_changes_inherit_in_any_delivery_order(spark, settings, w, merge_mode, execution):
+@given(workloads(partial=True, partial_moves=True, retire_moved=True), MERGE_MODES, EXECUTIONS, STATE_READS)
+def test_key_changes_inherit_in_any_delivery_order(spark, settings, w, merge_mode, execution, state):
     """The halves of a key change in different batches, either first, and the
     old key's earlier events arriving after the change: the new key still
     ends with the old key's values as of just before the change."""
-    check(spark, executed(settings, execution), *w, log_order=False, merge_mode=merge_mode)
+    check(spark, executed(settings, execution), *w, log_order=False, merge_mode=merge_mode, state=state)
 
 
 def _ev(op: str, key: int, pos: int, after: dict | None = None, *, moved: bool = False) -> ChangeEvent:

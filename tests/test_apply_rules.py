@@ -684,6 +684,87 @@ def test_label_duplicates_counts_each_keys_events(spark):
     ]
 
 
+BIGINTS = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+
+@hyp_settings(max_examples=25, deadline=None)
+@given(
+    keys=st.lists(
+        st.one_of(BIGINTS, st.integers(-40, 40), st.sampled_from([-(2**63), 2**63 - 1, 0, -1, 2**53 + 1])), min_size=1, max_size=40
+    )
+)
+def test_key_spans_hold_every_key_of_the_batch(spark, keys):
+    """Each key of the batch lies in one of ``compact.key_spans``' spans: a
+    key outside them would lose its stored row to the labelling, and an
+    older event would overwrite a newer row.  Spans are sorted and disjoint;
+    nulls are no key."""
+    from cdc_apply.apply import compact
+
+    df = spark.createDataFrame([(k,) for k in keys] + [(None,)], "id bigint")
+    spans = compact.key_spans(df, "id", "bigint")
+    assert all(any(lo <= k <= hi for lo, hi in spans) for k in keys), spans
+    assert all(lo <= hi < nxt for (lo, hi), (nxt, _) in itertools.pairwise(spans)), spans
+    assert spans[0][0] == min(keys) and spans[-1][1] == max(keys)
+
+
+def test_key_spans_leave_out_the_gap_between_stored_and_sequence_keys(spark):
+    """A batch of a few stored keys and new keys far above them (a sequence)
+    gets spans that skip the table between them; a decimal key the same;
+    a text key one span."""
+    from decimal import Decimal
+
+    from cdc_apply.apply import compact
+
+    df = spark.createDataFrame([(k,) for k in (*range(3, 40), *range(10**12, 10**12 + 5))], "id bigint")
+    spans = compact.key_spans(df, "id", "bigint")
+    assert spans[0][0] == 3 and spans[-1] == (10**12, 10**12 + 4) and not any(lo <= 10**6 <= hi for lo, hi in spans), spans
+    dec = spark.createDataFrame([(Decimal("1.50"),), (Decimal("-2.25"),), (Decimal("70000.00"),)], "amt decimal(12,2)")
+    spans = compact.key_spans(dec, "amt", "decimal(12,2)")
+    assert spans[0] == (Decimal("-2.25"), Decimal("-2.25")) and spans[-1] == (Decimal("70000.00"), Decimal("70000.00")), spans
+    text = spark.createDataFrame([("b",), ("a'",), ("zz",)], "code string")
+    assert compact.key_spans(text, "code", "string") == [("a'", "zz")]
+
+
+def test_a_small_batch_s_labelling_reads_the_stored_state_of_its_key_spans_only(spark, settings, ns, monkeypatch):
+    """A batch small next to its table (table.PRUNE_STATE_*) reads the stored
+    state of its keys' spans, so Iceberg skips the data files outside them:
+    here the files of keys 1000-1003 and 10^6-10^6+3, between the batch's
+    stored keys and its new one.  The batch still labels against the rows it reads: an older
+    event of a stored key is superseded, a newer one applies, a new key far
+    above the table is inserted."""
+    import time
+
+    from cdc_apply.apply import table
+
+    monkeypatch.setattr(table, "PRUNE_STATE_MIN_RATIO", 0)
+    monkeypatch.setattr(table, "KEY_SPANS_MIN_ROWS", 0)
+    for base in (1, 1000, 10**6):  # one data file each
+        apply_events(spark, settings, ns, [event("c", k, {"name": "a", "amount": "1.00"}, pos=50) for k in range(base, base + 4)])
+    start = max((e["id"] for e in _sql_executions(spark)), default=-1)
+    batch = [
+        event("u", 1, {"name": "older"}, pos=40),
+        event("u", 2, {"name": "newer"}, pos=60),
+        event("c", 10**9, {"name": "new", "amount": "2.00"}, pos=61),
+    ]
+    r = apply_events(spark, settings, ns, batch)
+    assert r.status == "complete", r.message
+    c = r.tables[0].counts
+    assert (c["superseded"], c["updated"], c["inserted"]) == (1, 1, 1), c
+    got = rows(spark, settings, ns)
+    assert (got["1"], got["2"], got[str(10**9)], len(got)) == (("a", "1.00"), ("newer", "1.00"), ("new", "2.00"), 13)
+    ident = f"{settings.catalog_name}.{ns}.items"
+    scans: list[str] = []
+    for _ in range(50):  # the UI's listener is asynchronous
+        execs = [e for e in _sql_executions(spark, plans=True) if e["id"] > start and e.get("description") == f"{ident}: label"]
+        scans = [
+            line for e in execs for line in e.get("planDescription", "").splitlines() if line.startswith(f"IcebergScan(table={ident},")
+        ]
+        if scans and all(e.get("status") != "RUNNING" for e in execs):
+            break
+        time.sleep(0.2)
+    assert scans and all("filters=((id >= 1 AND id <= 2) OR (id >= 1000000000 AND id <= 1000000000))," in s for s in scans), scans
+
+
 @pytest.mark.parametrize("prune", [True, False], ids=["batch-keys-broadcast", "whole-stored-state"])
 def test_labelling_is_the_same_with_or_without_pruning_the_stored_state(spark, settings, ns, monkeypatch, prune):
     """Batches small next to their table (table.PRUNE_STATE_*) compare with the
@@ -694,6 +775,7 @@ def test_labelling_is_the_same_with_or_without_pruning_the_stored_state(spark, s
 
     monkeypatch.setattr(table.compact, "BROADCAST_ROWS_MAX", 10**9 if prune else 0)
     monkeypatch.setattr(table, "PRUNE_STATE_MIN_RATIO", 0 if prune else 1)
+    monkeypatch.setattr(table, "KEY_SPANS_MIN_ROWS", 0)  # and read only the stored state of the batch's key spans
     seen = []
     real = table.compact.label_against_target
     monkeypatch.setattr(table.compact, "label_against_target", lambda *a, **kw: seen.append(kw["prune_to"] is not None) or real(*a, **kw))

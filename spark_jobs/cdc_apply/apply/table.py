@@ -44,6 +44,13 @@ A batch as large as the table gains nothing and pays the broadcast (1M
 events into 1M rows: +2.6 s), and a large batch's keys would weigh on
 the driver's heap: both join the whole stored state."""
 
+KEY_SPANS_MIN_ROWS = 2_000_000
+"""A pruned batch (``PRUNE_STATE_MIN_RATIO``) into a table of at least this
+many live rows reads only the stored state of its keys' spans
+(``within_key_spans``).  Finding the spans is one more small Spark job
+(~0.4-0.9 s wall on two cores); reading a 1M-row table's state costs about
+that, a 10M-row table's ~3 s (bench/README, issue 20 step 51)."""
+
 TRUNCATES_KEY = "_cdc_truncates"
 """Source-state entry: ``{"<db>.<schema>.<table>": position}`` of truncates
 of tables not in the lake yet, so that older events arriving later stay out."""
@@ -150,6 +157,19 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
             if log_write:
                 log_write.wait()
     log.info("%s: written (%s)", spec.identifier, tr.describe_seconds())
+
+
+def within_key_spans(state: DataFrame, events: DataFrame, spec: tables.TableSpec) -> DataFrame:
+    """The stored ``state`` of the spans of the batch's leading key values
+    (``compact.key_spans``): Iceberg then skips the data files whose key
+    bounds miss them, and a small batch into a large table reads its keys'
+    share of the stored state, not all of it (100k events into 10M rows:
+    bench/README, issue 20 step 51).  Each of the batch's keys is in a span,
+    so no stored row of theirs is left out; the labelling's join drops the
+    others anyway."""
+    k = spec.key_columns[0]
+    condition = merge.key_ranges_filter(spec, *[{k: span} for span in compact.key_spans(events, k, spec.columns[k])])
+    return state.where(condition) if condition else state
 
 
 def _truncates(ev: DataFrame, meta: Any, partly: bool) -> Any:
@@ -264,6 +284,9 @@ def _write(
             base_live = tables.live_rows(branches.read_branch(spark, spec, branch))
     n_events = int(meta["n"])
     prune = n_events <= compact.BROADCAST_ROWS_MAX and n_events * PRUNE_STATE_MIN_RATIO <= base_live
+    if prune and base_live >= KEY_SPANS_MIN_ROWS:
+        with _phase(spark, tr, "key_spans"):
+            state = within_key_spans(state, prepared, spec)
 
     def net_changes(events: DataFrame) -> tuple[DataFrame, compact.Accounting, Callable[[], object]]:
         """The batch's net changes, cached and counted (``compact.cache_counted``),

@@ -194,7 +194,11 @@ WARM_SOURCE = "bench_w"
 # the table-size figure's tables, applied large, small, small, large: a session still warming up (each batch of
 # the first few is faster than the one before) then weighs on both sizes alike; each figure is the mean of its two
 TABLE_SIZE_ORDER = ("bench_l", "bench_s", "bench_s2", "bench_l2")
-TABLE_SIZE_SOURCES = ("bench_s", "bench_s2", "bench_l", "bench_l2")
+
+
+def _is_large(table_size_source: str) -> bool:
+    """Whether a table of the table-size figure is its large one."""
+    return table_size_source.startswith("bench_l")
 
 
 def _warm_round(spark, settings, seed_path: Path, base_rows: int, paths: list[str]) -> dict:
@@ -359,7 +363,7 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
     # the table-size figure reuses the main batch's files when its sizes match, but applies them to tables of its
     # own, two of each size, after the main batch (the session's first, which pays its warm-up): TABLE_SIZE_ORDER
     reuse_scale = args.scale_events == args.events and args.scale_small_rows == args.base_rows
-    sources = ["bench", *TABLE_SIZE_SOURCES, WARM_SOURCE]
+    sources = ["bench", *TABLE_SIZE_ORDER, WARM_SOURCE]
     env = C.prepare_home(workdir / "home", sources, args.merge_mode)
     from cdc_apply.config import Settings
 
@@ -446,8 +450,8 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         setup["pyiceberg_table"] = round(C.pyiceberg_setup(spark, settings, args.base_rows), 2)
         say(f"pyiceberg table: {args.base_rows} rows ({setup['pyiceberg_table']}s)")
     if "table_size" not in args.skip:
-        for name in TABLE_SIZE_SOURCES:
-            rows = args.scale_large_rows if name.startswith("bench_l") else args.scale_small_rows
+        for name in TABLE_SIZE_ORDER:
+            rows = args.scale_large_rows if _is_large(name) else args.scale_small_rows
             setup[f"table_size_{name}"] = round(C.project_setup(spark, settings, name, seed_path, rows, via_seed=False), 2)
         say(f"table-size tables: {args.scale_small_rows} / {args.scale_large_rows} rows")
 
@@ -551,8 +555,8 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
         with section("table_size"):
             se, _sb = C.file_stats(scale_files.paths)
             secs = {n: C.project_apply(spark, settings, n, scale_files.paths)["seconds"] for n in TABLE_SIZE_ORDER}
-            small_s = sum(v for n, v in secs.items() if n.startswith("bench_s")) / 2
-            large_s = sum(v for n, v in secs.items() if n.startswith("bench_l")) / 2
+            small_s = sum(v for n, v in secs.items() if not _is_large(n)) / 2
+            large_s = sum(v for n, v in secs.items() if _is_large(n)) / 2
             out["table_size"] = {
                 "events": se,
                 "small_rows": args.scale_small_rows,

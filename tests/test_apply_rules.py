@@ -269,7 +269,6 @@ def test_the_reconciliation_reads_only_the_batch_key_range_new_keys_included(spa
     not prune when new keys come from a sequence far above the stored ones.
     A new key outside the stored range must still be found on the branch,
     or the gate refuses the batch (``reconcile_upserted_keys_present``)."""
-    import time
 
     apply_events(spark, settings, ns, [event("c", k, {"name": "a", "amount": "1.00"}, pos=k) for k in range(1, 4)])
     apply_events(spark, settings, ns, [event("c", k, {"name": "b", "amount": "2.00"}, pos=k) for k in range(101, 104)])
@@ -279,15 +278,7 @@ def test_the_reconciliation_reads_only_the_batch_key_range_new_keys_included(spa
     assert r.status == "complete", r.message
     assert rows(spark, settings, ns)["500"] == ("d", "4.00") and rows(spark, settings, ns)["102"] == ("c", "3.00")
     ident = f"{settings.catalog_name}.{ns}.items"
-    scans: list[str] = []
-    for _ in range(50):  # the UI's listener is asynchronous
-        execs = [e for e in _sql_executions(spark, plans=True) if e["id"] > start and e.get("description") == f"{ident}: reconcile"]
-        scans = [
-            line for e in execs for line in e.get("planDescription", "").splitlines() if line.startswith(f"IcebergScan(table={ident},")
-        ]
-        if len(scans) >= 3 and all(e.get("status") != "RUNNING" for e in execs):
-            break
-        time.sleep(0.2)
+    scans = _phase_scans(spark, start, ident, "reconcile", at_least=3)
     keyed = [line for line in scans if "filters=((id >= 102 AND id <= 102) OR (id >= 500 AND id <= 500))," in line]
     tombstones = [line for line in scans if "filters=(_cdc_deleted IS NULL OR _cdc_deleted = true)," in line]
     # the branch's and main's rows of the batch's keys are pruned; the live-row count reads the files that
@@ -732,7 +723,6 @@ def test_a_small_batch_s_labelling_reads_the_stored_state_of_its_key_spans_only(
     stored keys and its new one.  The batch still labels against the rows it reads: an older
     event of a stored key is superseded, a newer one applies, a new key far
     above the table is inserted."""
-    import time
 
     from cdc_apply.apply import table
 
@@ -753,15 +743,7 @@ def test_a_small_batch_s_labelling_reads_the_stored_state_of_its_key_spans_only(
     got = rows(spark, settings, ns)
     assert (got["1"], got["2"], got[str(10**9)], len(got)) == (("a", "1.00"), ("newer", "1.00"), ("new", "2.00"), 13)
     ident = f"{settings.catalog_name}.{ns}.items"
-    scans: list[str] = []
-    for _ in range(50):  # the UI's listener is asynchronous
-        execs = [e for e in _sql_executions(spark, plans=True) if e["id"] > start and e.get("description") == f"{ident}: label"]
-        scans = [
-            line for e in execs for line in e.get("planDescription", "").splitlines() if line.startswith(f"IcebergScan(table={ident},")
-        ]
-        if scans and all(e.get("status") != "RUNNING" for e in execs):
-            break
-        time.sleep(0.2)
+    scans = _phase_scans(spark, start, ident, "label")
     assert scans and all("filters=((id >= 1 AND id <= 2) OR (id >= 1000000000 AND id <= 1000000000))," in s for s in scans), scans
 
 
@@ -1223,6 +1205,23 @@ def test_spark_generates_no_code_under_the_interpreted_conf(spark, settings):
         assert compiled_by_a_new_query() == 0
     with spark_conf.scoped_conf(spark, settings, spark_conf.CODEGEN_CONF):
         assert compiled_by_a_new_query() > 0
+
+
+def _phase_scans(spark, after: int, ident: str, phase: str, at_least: int = 1) -> list[str]:
+    """The Iceberg scans of ``ident`` in the plans of the SQL executions after
+    ``after`` that a batch's ``phase`` ran (``<table>: <phase>``)."""
+    import time
+
+    scans: list[str] = []
+    for _ in range(50):  # the UI's listener is asynchronous
+        execs = [e for e in _sql_executions(spark, plans=True) if e["id"] > after and e.get("description") == f"{ident}: {phase}"]
+        scans = [
+            line for e in execs for line in e.get("planDescription", "").splitlines() if line.startswith(f"IcebergScan(table={ident},")
+        ]
+        if len(scans) >= at_least and all(e.get("status") != "RUNNING" for e in execs):
+            break
+        time.sleep(0.2)
+    return scans
 
 
 def _sql_executions(spark, *, plans: bool = False) -> list[dict]:

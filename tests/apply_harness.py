@@ -3,8 +3,10 @@ and read the result back: the seam the rule tests and property tests use."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
+from collections.abc import Iterator
 
 from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.batch import BatchResult, apply_decoded, finish_batch, publish_batch, write_and_validate
@@ -13,6 +15,24 @@ from cdc_apply.decode.stage import outcomes_decoded
 from cdc_apply.model import ChangeEvent, Outcome
 
 _counter = itertools.count()
+
+
+@contextlib.contextmanager
+def state_read(how: str) -> Iterator[None]:
+    """Run the batches of the block reading the stored state ``how``:
+    ``whole`` as shipped (the small tables of tests read it whole), or
+    ``key spans``, as a small batch into a large table does
+    (``table.PRUNE_STATE_MIN_RATIO``, ``table.KEY_SPANS_MIN_ROWS``): the
+    stored rows of the batch's key spans, semi-joined with its keys."""
+    from cdc_apply.apply import table
+
+    saved = table.PRUNE_STATE_MIN_RATIO, table.KEY_SPANS_MIN_ROWS
+    if how == "key spans":
+        table.PRUNE_STATE_MIN_RATIO, table.KEY_SPANS_MIN_ROWS = 0, 0
+    try:
+        yield
+    finally:
+        table.PRUNE_STATE_MIN_RATIO, table.KEY_SPANS_MIN_ROWS = saved
 
 
 def apply_events(

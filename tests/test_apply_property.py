@@ -14,7 +14,6 @@ key takes no event after its change (rule 3's documented limit).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import os
@@ -27,7 +26,7 @@ from hypothesis import strategies as st
 
 from cdc_apply.apply import tables
 from cdc_apply.model import ChangeEvent, Column, Op
-from tests.apply_harness import apply_events, live_rows
+from tests.apply_harness import apply_events, live_rows, state_read
 from tests.reference_model import apply_model
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -149,20 +148,6 @@ STATE_READS = st.sampled_from(["whole", "key spans"])
 tables), or as a batch small next to a large table does (``table.PRUNE_STATE_*``,
 ``table.KEY_SPANS_MIN_ROWS``): the stored rows of the batch's key spans,
 semi-joined with its keys.  Both against the model."""
-
-
-@contextlib.contextmanager
-def state_read(how: str):
-    """Run the batches of the block reading the stored state ``how``."""
-    from cdc_apply.apply import table
-
-    saved = table.PRUNE_STATE_MIN_RATIO, table.KEY_SPANS_MIN_ROWS
-    if how == "key spans":
-        table.PRUNE_STATE_MIN_RATIO, table.KEY_SPANS_MIN_ROWS = 0, 0
-    try:
-        yield
-    finally:
-        table.PRUNE_STATE_MIN_RATIO, table.KEY_SPANS_MIN_ROWS = saved
 
 
 def executed(settings, execution: str):

@@ -1,6 +1,6 @@
 """The real-source soak from the command line::
 
-    python -m tests.realsource --seeds 10 --scale 4 [--hours 4] [--first-seed 1] [--work DIR]
+    python -m tests.realsource --seeds 10 --scale 4 [--hours 4] [--first-seed 1] [--work DIR] [--state-read "key spans"]
 
 Per seed: a real PostgreSQL workload captured by real Debezium, applied hour
 by hour (in order) and with one hour delivered late; prints seeds, events,
@@ -27,6 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hours", type=int, default=int(os.environ.get("CDC_CONFORMANCE_HOURS", "4")))
     p.add_argument("--ops", type=int, default=45, help="statements per hour at scale 1")
     p.add_argument("--work", type=Path, help="folder for captures and CDC_HOME (default: a new temporary folder)")
+    p.add_argument(
+        "--state-read",
+        choices=["whole", "key spans"],
+        default="whole",
+        help="how every batch's labelling reads the stored state: whole (as these small tables are read), "
+        "or by the batch's key spans, as a small batch into a large table does (tests.apply_harness.state_read)",
+    )
     args = p.parse_args(argv)
 
     work = args.work or Path(tempfile.mkdtemp(prefix="cdc-realsource-"))
@@ -36,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("CDC_SPARK_MASTER", "local[2]")
     from cdc_apply.config import Settings
     from cdc_apply.runtime.session import get_spark
+    from tests.apply_harness import state_read
     from tests.realsource.conformance import apply_in_order, apply_late_hour, capture_seed, mismatch_classes, report
 
     settings = Settings.from_env()
@@ -48,10 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         cap = capture_seed(
             seed, work / f"seed{seed}", hours=args.hours, ops=int(args.ops * args.scale), snapshot_rows=int(args.ops / 3 * args.scale)
         )
-        results = [
-            apply_in_order(spark, settings, cap, f"rs_inorder_{seed}", work),
-            apply_late_hour(spark, settings, cap, f"rs_late_{seed}", work, late=seed % (len(cap.hours) - 1)),
-        ]
+        with state_read(args.state_read):
+            results = [
+                apply_in_order(spark, settings, cap, f"rs_inorder_{seed}", work),
+                apply_late_hour(spark, settings, cap, f"rs_late_{seed}", work, late=seed % (len(cap.hours) - 1)),
+            ]
         for res in results:
             classes = mismatch_classes(res, cap)
             for kind, ms in classes.items():

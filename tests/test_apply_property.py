@@ -231,6 +231,32 @@ def _ev(op: str, key: int, pos: int, after: dict | None = None, *, moved: bool =
     )
 
 
+def test_a_late_truncate_unsets_what_a_key_change_s_old_key_fills_later(spark, settings):
+    """Hypothesis found this history (seed 20000, two batches, any order):
+    key 6 lives at 60, everything is truncated at 100, key 4 is inserted at
+    110 and moves to 6 at 120 with an insert half that carries nothing.
+    The first batch holds 6's insert at 60 and the key change, the second
+    the truncate and 4's insert.  The truncate must leave 6's columns from
+    60 unset, not NULL at 100, so that 4's late insert fills them through
+    the key change (``merge.apply_truncate``, ``refresh_inherited``):
+    6 ends as 4 was at 120."""
+    events = [
+        _ev("d", 1, 10),
+        _ev("u", 1, 20, {"name": "a", "amount": None}),
+        _ev("t", 0, 30),
+        *[_ev("c", 1, p, {"name": None, "amount": None}) for p in (40, 50)],
+        _ev("c", 6, 60, {"name": None, "amount": None}),
+        *[_ev("c", 1, p, {"name": None, "amount": None}) for p in (70, 80, 90)],
+        _ev("t", 0, 100),
+        _ev("c", 4, 110, {"name": "", "amount": "8.59"}),
+        _ev("d", 4, 120, moved=True),
+        _ev("c", 6, 120, {}, moved=True),
+        _ev("u", 2, 130, {"amount": None}),
+    ]
+    check(spark, settings, events, 20000, 2, log_order=False)
+    assert _model_rows(events)[("6",)] == {"id": "6", "name": "", "amount": "8.59"}
+
+
 def test_a_key_change_onto_a_live_key_keeps_what_neither_key_sets(spark, settings):
     """Hypothesis found this history (seed 401, one batch), which no real
     source writes: key 1 is truncated (40) and set again without ``amount``

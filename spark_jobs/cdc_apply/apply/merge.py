@@ -25,10 +25,12 @@ def apply_truncate(spark: SparkSession, spec: TableSpec, branch: str, truncated_
     """Rows older than the truncate disappear; the watermark (in the ledger)
     keeps older late events from bringing them back.  A newer row whose
     columns were partly set before the truncate (a late truncate after
-    partial updates) has those columns set NULL at the truncate.  A column
-    no event has set (``NEVER_SET``) stays so: the insert half of a key
-    change after the truncate still takes it from its delete half, in a
-    later batch (``refresh_inherited``)."""
+    partial updates) has those columns unset: NULL at ``NEVER_SET``, as no
+    event after the truncate has set them, so the insert half of a key
+    change after the truncate still takes them from its delete half in a
+    later batch (``refresh_inherited``), and a late event fills them.  The
+    caller marks the table as holding partial rows
+    (``tables.mark_partial_rows``)."""
     t = sql_string(truncated_at)
     spark.sql(f"DELETE FROM {branch_ref(spec, branch)} WHERE _cdc_position < {t}")
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
@@ -37,9 +39,7 @@ def apply_truncate(spark: SparkSession, spec: TableSpec, branch: str, truncated_
         older = {c: f"coalesce(_cdc_col_pos[{sql_string(c)}], _cdc_position) < {t}" for c in data_cols}
         sets = [f"{quote(c)} = CASE WHEN {cond} THEN NULL ELSE {quote(c)} END" for c, cond in older.items()]
         set_before = f"v <> {never} AND v < {t}"
-        pos = (
-            f"map_filter(transform_values(_cdc_col_pos, (k, v) -> CASE WHEN {set_before} THEN {t} ELSE v END), (k, v) -> v < _cdc_position)"
-        )
+        pos = f"map_filter(transform_values(_cdc_col_pos, (k, v) -> CASE WHEN {set_before} THEN {never} ELSE v END), (k, v) -> v < _cdc_position)"
         spark.sql(
             f"UPDATE {branch_ref(spec, branch)} SET {', '.join(sets)}, _cdc_col_pos = {pos} "
             f"WHERE NOT _cdc_deleted AND exists(map_values(_cdc_col_pos), v -> {set_before})"

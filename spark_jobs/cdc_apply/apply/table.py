@@ -258,6 +258,8 @@ def _write(
     main_df = read_snapshot(spark, spec, start_snapshot) if start_snapshot is not None else branches.read_branch(spark, spec, "main")
     attempt = uuid.uuid4().hex  # on every commit of this run's write: branches.own_head checks the branch holds only them
     if truncs["n"]:
+        # the rows it leaves may have columns unset (merge.apply_truncate), which a key change's old key fills
+        tr.schema_changes += tables.mark_partial_rows(spark, spec.identifier, properties)
         merge.apply_truncate(spark, spec, branch, truncs["p"])
         # a delete of whole files commits without the session's snapshot properties: the write starts after it
         start_snapshot = branches.branch_snapshot(spark, spec, branch)
@@ -346,7 +348,7 @@ def _write(
             for change in tables.mark_partial_rows(spark, spec.identifier, properties):
                 log.info("%s: %s (%d net change(s) write a row with inherited or unset columns)", spec.identifier, change, acc.partial_rows)
         # only a row with inherited or never-set columns can take an old key's values (merge.refresh_inherited)
-        refresh = tables.may_hold_partial_rows(properties) or acc.partial_rows > 0
+        refresh = tables.may_hold_partial_rows(properties) or acc.partial_rows > 0 or bool(truncs["n"])
         if log_write:
             log_write.result()
         with branches.snapshot_properties(spark, props):

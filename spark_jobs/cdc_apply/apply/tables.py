@@ -74,7 +74,8 @@ left half-made (a kill during creation) and is finished by the next run."""
 PARTIAL_ROWS_PROPERTY = "cdc.partial-rows"
 """``false`` from creation until a batch writes a row with a column no event
 set or with columns inherited in a primary-key change (``_cdc_col_pos`` at
-``NEVER_SET``, ``_cdc_inherited``); then ``true`` for good (set before that
+``NEVER_SET``, ``_cdc_inherited``), or applies a truncate (which unsets the
+columns a newer row had from before it); then ``true`` for good (set before that
 batch writes, so a batch that fails later leaves it ``true``: safe).  Only
 such rows can take values from a key change's old key later
 (``merge.refresh_inherited``), so while it is ``false`` that refresh, two

@@ -685,14 +685,14 @@ BIGINTS = st.integers(min_value=-(2**63), max_value=2**63 - 1)
     )
 )
 def test_key_spans_hold_every_key_of_the_batch(spark, keys):
-    """Each key of the batch lies in one of ``compact.key_spans``' spans: a
+    """Each key of the batch lies in one of ``merge.key_spans``' spans: a
     key outside them would lose its stored row to the labelling, and an
     older event would overwrite a newer row.  Spans are sorted and disjoint;
     nulls are no key."""
-    from cdc_apply.apply import compact
+    from cdc_apply.apply import merge
 
     df = spark.createDataFrame([(k,) for k in keys] + [(None,)], "id bigint")
-    spans = compact.key_spans(df, "id", "bigint")
+    spans = merge.key_spans(df, "id", "bigint")
     assert all(any(lo <= k <= hi for lo, hi in spans) for k in keys), spans
     assert all(lo <= hi < nxt for (lo, hi), (nxt, _) in itertools.pairwise(spans)), spans
     assert spans[0][0] == min(keys) and spans[-1][1] == max(keys)
@@ -704,16 +704,16 @@ def test_key_spans_leave_out_the_gap_between_stored_and_sequence_keys(spark):
     a text key one span."""
     from decimal import Decimal
 
-    from cdc_apply.apply import compact
+    from cdc_apply.apply import merge
 
     df = spark.createDataFrame([(k,) for k in (*range(3, 40), *range(10**12, 10**12 + 5))], "id bigint")
-    spans = compact.key_spans(df, "id", "bigint")
+    spans = merge.key_spans(df, "id", "bigint")
     assert spans[0][0] == 3 and spans[-1] == (10**12, 10**12 + 4) and not any(lo <= 10**6 <= hi for lo, hi in spans), spans
     dec = spark.createDataFrame([(Decimal("1.50"),), (Decimal("-2.25"),), (Decimal("70000.00"),)], "amt decimal(12,2)")
-    spans = compact.key_spans(dec, "amt", "decimal(12,2)")
+    spans = merge.key_spans(dec, "amt", "decimal(12,2)")
     assert spans[0] == (Decimal("-2.25"), Decimal("-2.25")) and spans[-1] == (Decimal("70000.00"), Decimal("70000.00")), spans
     text = spark.createDataFrame([("b",), ("a'",), ("zz",)], "code string")
-    assert compact.key_spans(text, "code", "string") == [("a'", "zz")]
+    assert merge.key_spans(text, "code", "string") == [("a'", "zz")]
 
 
 def test_a_small_batch_s_labelling_reads_the_stored_state_of_its_key_spans_only(spark, settings, ns, monkeypatch):

@@ -118,25 +118,6 @@ def null_key_filter(key_cols: list[str]) -> Column:
     return F.greatest(*[F.col(quote(k)).isNull() for k in key_cols]) if len(key_cols) > 1 else F.col(quote(key_cols[0])).isNull()
 
 
-def key_spans(events: DataFrame, key: str, spark_type: str) -> list[tuple[Any, Any]]:
-    """Spans ``(lo, hi)`` of ``events``' values of ``key`` (a typed key
-    column, ``prepare_events``), sorted, that hold every value: the least
-    and greatest value of each group of values, in one small Spark job.
-
-    Numbers are grouped by sign and order of magnitude, so the gaps a batch
-    leaves stay out of its spans: an hourly batch of a large table touches
-    a few recent keys and adds new ones from a sequence far above them, and
-    one span around both would hold every stored key.  Any grouping is
-    correct (a value lies in its own group's span); this one only decides
-    what the spans leave out.  Other types get one span."""
-    k = F.col(quote(key))
-    numeric = spark_type in ("tinyint", "smallint", "int", "bigint") or spark_type.startswith("decimal(")
-    x = k.cast("double")  # abs of the least bigint overflows; the group needs no exact value
-    group = F.signum(x) * F.floor(F.log2(F.abs(x) + 1)) if numeric else F.lit(0)
-    rows = events.where(k.isNotNull()).groupBy(group.alias("_g")).agg(F.min(k).alias("lo"), F.max(k).alias("hi")).collect()
-    return sorted((r["lo"], r["hi"]) for r in rows)
-
-
 def label_duplicates(events: DataFrame, key_cols: list[str]) -> DataFrame:
     """Same key and same position: the first delivery (by file, line) applies
     when every delivery has the same content (a re-delivery); when their

@@ -81,6 +81,25 @@ def key_ranges_filter(spec: TableSpec, *ranges: dict[str, tuple]) -> str | None:
     return " OR ".join(parts) or None
 
 
+def key_spans(events: DataFrame, key: str, spark_type: str) -> list[tuple[Any, Any]]:
+    """Spans ``(lo, hi)`` of ``events``' values of ``key`` (a typed key
+    column, ``compact.prepare_events``), sorted, that hold every value: the least
+    and greatest value of each group of values, in one small Spark job.
+
+    Numbers are grouped by sign and order of magnitude, so the gaps a batch
+    leaves stay out of its spans: an hourly batch of a large table touches
+    a few recent keys and adds new ones from a sequence far above them, and
+    one span around both would hold every stored key.  Any grouping is
+    correct (a value lies in its own group's span); this one only decides
+    what the spans leave out.  Other types get one span."""
+    k = F.col(quote(key))
+    numeric = spark_type in INT_TYPES or spark_type.startswith("decimal(")
+    x = k.cast("double")  # abs of the least bigint overflows; the group needs no exact value
+    group = F.signum(x) * F.floor(F.log2(F.abs(x) + 1)) if numeric else F.lit(0)
+    rows = events.where(k.isNotNull()).groupBy(group.alias("_g")).agg(F.min(k).alias("lo"), F.max(k).alias("hi")).collect()
+    return sorted((r["lo"], r["hi"]) for r in rows)
+
+
 def _literal(value: Any, spark_type: str) -> str | None:
     if value is None:
         return None

@@ -161,14 +161,14 @@ def _apply(work: TableWork, events: DataFrame, meta: Any, target: str | None, tr
 
 def within_key_spans(state: DataFrame, events: DataFrame, spec: tables.TableSpec) -> DataFrame:
     """The stored ``state`` of the spans of the batch's leading key values
-    (``compact.key_spans``): Iceberg then skips the data files whose key
+    (``merge.key_spans``): Iceberg then skips the data files whose key
     bounds miss them, and a small batch into a large table reads its keys'
     share of the stored state, not all of it (100k events into 10M rows:
     bench/README, issue 20 step 51).  Each of the batch's keys is in a span,
     so no stored row of theirs is left out; the labelling's join drops the
     others anyway."""
     k = spec.key_columns[0]
-    condition = merge.key_ranges_filter(spec, *[{k: span} for span in compact.key_spans(events, k, spec.columns[k])])
+    condition = merge.key_ranges_filter(spec, *[{k: span} for span in merge.key_spans(events, k, spec.columns[k])])
     return state.where(condition) if condition else state
 
 
@@ -260,6 +260,7 @@ def _write(
     if truncs["n"]:
         # the rows it leaves may have columns unset (merge.apply_truncate), which a key change's old key fills
         tr.schema_changes += tables.mark_partial_rows(spark, spec.identifier, properties)
+        properties = {**properties, tables.PARTIAL_ROWS_PROPERTY: "true"}  # as the table has it now
         merge.apply_truncate(spark, spec, branch, truncs["p"])
         # a delete of whole files commits without the session's snapshot properties: the write starts after it
         start_snapshot = branches.branch_snapshot(spark, spec, branch)
@@ -348,7 +349,7 @@ def _write(
             for change in tables.mark_partial_rows(spark, spec.identifier, properties):
                 log.info("%s: %s (%d net change(s) write a row with inherited or unset columns)", spec.identifier, change, acc.partial_rows)
         # only a row with inherited or never-set columns can take an old key's values (merge.refresh_inherited)
-        refresh = tables.may_hold_partial_rows(properties) or acc.partial_rows > 0 or bool(truncs["n"])
+        refresh = tables.may_hold_partial_rows(properties) or acc.partial_rows > 0
         if log_write:
             log_write.result()
         with branches.snapshot_properties(spark, props):

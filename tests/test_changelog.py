@@ -187,3 +187,52 @@ def test_a_large_batchs_day_is_written_by_tasks_of_the_asked_size(spark, setting
     files = spark.sql(f"SELECT count(*) AS n, count(DISTINCT partition) AS days FROM {ident}.files").collect()[0]
     assert files["days"] == 1
     assert (files["n"] > 1) == several, files
+
+
+@pytest.mark.parametrize("raced", ["items_changes", "items_history", "items"])
+def test_a_run_whose_branch_starts_after_another_run_published_the_batch_writes_nothing_twice(spark, settings, ns, monkeypatch, raced):
+    """Two runs of one batch, the interleaving of the nemesis's two-applies
+    race that logged 12 changes twice (CI, f4dc804): run B reads main's
+    ledger (the batch's files not applied yet), run A publishes the batch,
+    then B cuts its audit branch from main, now past A's commit.  B must
+    not write the files again on top of A's: for the change log (an append)
+    that would log every change twice; for the history and the table it
+    would record the files and their accounting twice.  B refuses (a
+    transient ConcurrentApply) and its retry finds the batch applied."""
+    from cdc_apply.apply import branches, history
+    from cdc_apply.batch import publish_batch
+
+    options = {"changelog": raced != "items", "history": {"items": "scd2"} if raced == "items_history" else None}
+    a = apply_events(spark, settings, ns, _batch1(ns), batch_tag="one", stages=("validate",), **options)
+    assert a.tables[0].status == "validated", a.tables[0].message
+    reset, published = branches.reset_branch, []
+
+    def run_a_publishes_first(session, spec, branch):
+        if spec.short == f"{ns}.{raced}" and not published:  # after B read that table's ledger
+            published.append(spec.identifier)
+            if raced == "items":
+                assert publish_batch(settings, a).tables[0].status == "published"
+            else:  # that table's alone: B's earlier writes have moved A's other branches
+                (changelog if raced == "items_changes" else history).publish(ledger.Ledger(settings), a.tables[0])
+        return reset(session, spec, branch)
+
+    monkeypatch.setattr(branches, "reset_branch", run_a_publishes_first)
+    b = apply_events(spark, settings, ns, _batch1(ns), batch_tag="one", **options)
+    monkeypatch.undo()
+    assert published
+    assert b.status == "failed" and not b.tables[0].terminal and "another run applied" in b.tables[0].message, b.tables[0].message
+    retry = apply_events(spark, settings, ns, _batch1(ns), batch_tag="one", **options)
+    assert retry.status == "complete", retry.tables[0].message
+    ident = f"{settings.catalog_name}.{ns}.{raced}"
+    main = {h["snapshot_id"] for h in spark.sql(f"SELECT snapshot_id FROM {ident}.history WHERE is_current_ancestor").collect()}
+    holding = [
+        r["snapshot_id"]
+        for r in spark.sql(f"SELECT snapshot_id, summary FROM {ident}.snapshots").collect()
+        if r["snapshot_id"] in main and f"/virtual/{ns}/h1.jsonl" in r["summary"].get("cdc.files", "")
+    ]
+    assert len(holding) == 1, f"main's history applies the batch's file {len(holding)} times"
+    if raced == "items_changes":
+        assert sorted((r["file"], r["line"]) for r in changes(spark, settings, ns)) == sorted((e.file, e.line) for e in _batch1(ns))
+    model = apply_model(_batch1(ns), ["id"], list(COLS))
+    got = live_rows(spark, settings, ns, "items", ["id"], COLS)
+    assert {tuple(k): v for k, v in got.items()} == {k: {c: v.get(c) for c in COLS} for k, v in model.items()}

@@ -388,8 +388,9 @@ class Ledger:
 
     # -- reads: discovery, status, the job ------------------------------------
 
-    def table_ledger(self, identifier: str) -> TableLedger | None:
-        """The ledger of ``namespace.table`` on main; None when the table does not exist."""
+    def table_ledger(self, identifier: str, snapshot_id: int | None = None) -> TableLedger | None:
+        """The ledger of ``namespace.table`` on main (or as of ``snapshot_id``:
+        that snapshot's ancestry); None when the table does not exist."""
         from pyiceberg.exceptions import NoSuchTableError
         from pyiceberg.table.snapshots import ancestors_of
 
@@ -397,7 +398,7 @@ class Ledger:
             table = self.catalog.load_table(identifier)
         except NoSuchTableError:
             return None
-        current = table.current_snapshot()
+        current = table.current_snapshot() if snapshot_id is None else table.snapshot_by_id(snapshot_id)
         if current is None:
             return TableLedger()
         chain = list(ancestors_of(current, table.metadata))

@@ -6,7 +6,8 @@ Iceberg's session snapshot properties (``spark.sql.iceberg.snapshot-property.*``
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -16,6 +17,10 @@ from cdc_apply.apply.compact import sql_string
 from cdc_apply.apply.maintenance_lock import MAINTENANCE_BRANCH, recover_stale_lock
 from cdc_apply.apply.tables import TableSpec
 from cdc_apply.errors import CdcError, ConcurrentApply
+
+if TYPE_CHECKING:
+    from cdc_apply.archive.files import ArchiveFile
+    from cdc_apply.config import Settings
 
 _SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
 ATTEMPT_PROPERTY = ledger.PREFIX + "attempt-id"
@@ -71,6 +76,31 @@ def reset_branch(spark: SparkSession, spec: TableSpec, branch: str) -> int | Non
                 f"{branch!r} as this run created it); retry: the retry applies what is left, exactly once"
             )
         start = head
+    return start
+
+
+def reset_branch_for(
+    spark: SparkSession, spec: TableSpec, branch: str, files: Sequence[ArchiveFile], read: ledger.TableLedger | None, settings: Settings
+) -> int | None:
+    """``reset_branch`` for a write of ``files``, which main's ledger as
+    ``read`` before says are not applied yet.  Refuses (transient
+    ConcurrentApply: the retry applies what is left) when the snapshot the
+    branch starts from holds any of them: another run of the batch
+    published between the read and the branch, and writing the files again
+    on top of its commit would apply them twice (an append, the change log,
+    would log every change twice: the nemesis's two-applies race).  The
+    fast-forward publishes only onto the snapshot the branch starts from,
+    so the ledger there is the one the write must be new to."""
+    start = reset_branch(spark, spec, branch)
+    if start is None or start == (read.snapshot_id if read is not None else None):
+        return start
+    at_start = ledger.Ledger(settings).table_ledger(spec.short, start)
+    again = [f.path for f in files if at_start is not None and f.path in at_start.files]
+    if again:
+        raise ConcurrentApply(
+            f"another run applied {len(again)} file(s) of this batch to {spec.identifier} while this run prepared them "
+            f"(main moved to {start} after this run read its ledger), e.g. {again[0]}; retry: the retry applies what is left, exactly once"
+        )
     return start
 
 

@@ -119,7 +119,7 @@ def write(work: Any, spec: tables.TableSpec, events: DataFrame, files: list[Arch
         return None
     rows = change_rows(events.where(F.col("file").isin([f.path for f in new])), batch_id, spec.key_columns)
     branch = ledger.audit_branch(batch_id)
-    start = branches.reset_branch(spark, cl, branch)
+    start = branches.reset_branch_for(spark, cl, branch, new, led, work.settings)
     applied = [f.as_dict() for f in new if f.path not in work.held_files]
     props = ledger.summary_properties(batch_id, applied, position_max=None, truncated_at=None, counts={})
     attempt = props[branches.ATTEMPT_PROPERTY] = uuid.uuid4().hex

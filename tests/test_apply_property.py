@@ -257,6 +257,31 @@ def test_a_late_truncate_unsets_what_a_key_change_s_old_key_fills_later(spark, s
     assert _model_rows(events)[("6",)] == {"id": "6", "name": "", "amount": "8.59"}
 
 
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 0, 1)], ids=["insert half last", "truncate last"])
+def test_a_late_truncate_unsets_the_state_a_tombstone_passes_to_a_new_key(spark, settings, order):
+    """Key 4 lives at 60 and is truncated at 100; an update at 110 sets its
+    name, and at 120 it moves to 6 with an insert half that carries
+    nothing.  Its tombstone then keeps the amount of 60, from before the
+    truncate: that must be unset by the truncate like a live row's, or key
+    6 takes 4's amount back from it, whether the insert half comes after the
+    truncate or the truncate comes last (its batch refreshes 6 from the
+    tombstone it changed, ``merge.apply_truncate``)."""
+    history = [
+        [_ev("c", 4, 60, {"name": "a", "amount": "1.00"}), _ev("u", 4, 110, {"name": "b"}), _ev("d", 4, 120, moved=True)],
+        [_ev("t", 0, 100)],
+        [_ev("c", 6, 120, {}, moved=True)],
+    ]
+    ns = f"prop_{next(_ns)}"
+    batches = stamp([history[i] for i in order], ns)
+    for batch in batches:
+        assert apply_events(spark, settings, ns, batch).status == "complete"
+    assert (
+        _applied_rows(spark, settings, ns)
+        == _model_rows([e for b in batches for e in b])
+        == {("6",): {"id": "6", "name": "b", "amount": None}}
+    )
+
+
 def test_a_key_change_onto_a_live_key_keeps_what_neither_key_sets(spark, settings):
     """Hypothesis found this history (seed 401, one batch), which no real
     source writes: key 1 is truncated (40) and set again without ``amount``

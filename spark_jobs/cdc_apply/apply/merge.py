@@ -21,16 +21,19 @@ EMPTY_MAP = "cast(map() AS map<string,string>)"
 """SQL: an empty ``map<string,string>`` (``_cdc_col_pos``, ``_cdc_inherited``)."""
 
 
-def apply_truncate(spark: SparkSession, spec: TableSpec, branch: str, truncated_at: str) -> None:
+def apply_truncate(spark: SparkSession, spec: TableSpec, branch: str, truncated_at: str, batch_id: str) -> None:
     """Rows older than the truncate disappear; the watermark (in the ledger)
     keeps older late events from bringing them back.  A newer row whose
     columns were partly set before the truncate (a late truncate after
     partial updates) has those columns unset: NULL at ``NEVER_SET``, as no
     event after the truncate has set them, so the insert half of a key
     change after the truncate still takes them from its delete half in a
-    later batch (``refresh_inherited``), and a late event fills them.  The
-    caller marks the table as holding partial rows
-    (``tables.mark_partial_rows``)."""
+    later batch (``refresh_inherited``), and a late event fills them.  A
+    newer tombstone too: it is the state a key change's new key inherits,
+    and the rows it gave its pre-truncate values are given them again,
+    unset, by the caller's ``refresh_inherited`` (the rows changed here
+    carry ``batch_id``).  The caller marks the table as holding partial
+    rows (``tables.mark_partial_rows``)."""
     t = sql_string(truncated_at)
     spark.sql(f"DELETE FROM {branch_ref(spec, branch)} WHERE _cdc_position < {t}")
     data_cols = [c for c in spec.columns if c not in spec.key_columns]
@@ -41,8 +44,9 @@ def apply_truncate(spark: SparkSession, spec: TableSpec, branch: str, truncated_
         set_before = f"v <> {never} AND v < {t}"
         pos = f"map_filter(transform_values(_cdc_col_pos, (k, v) -> CASE WHEN {set_before} THEN {never} ELSE v END), (k, v) -> v < _cdc_position)"
         spark.sql(
-            f"UPDATE {branch_ref(spec, branch)} SET {', '.join(sets)}, _cdc_col_pos = {pos} "
-            f"WHERE NOT _cdc_deleted AND exists(map_values(_cdc_col_pos), v -> {set_before})"
+            f"UPDATE {branch_ref(spec, branch)} SET {', '.join(sets)}, _cdc_col_pos = {pos}, "
+            f"_cdc_batch_id = {sql_string(batch_id)}, _cdc_applied_at = current_timestamp() "
+            f"WHERE exists(map_values(_cdc_col_pos), v -> {set_before})"
         )
 
 

@@ -261,7 +261,7 @@ def _write(
         # the rows it leaves may have columns unset (merge.apply_truncate), which a key change's old key fills
         tr.schema_changes += tables.mark_partial_rows(spark, spec.identifier, properties)
         properties = {**properties, tables.PARTIAL_ROWS_PROPERTY: "true"}  # as the table has it now
-        merge.apply_truncate(spark, spec, branch, truncs["p"])
+        merge.apply_truncate(spark, spec, branch, truncs["p"], work.batch_id)
         # a delete of whole files commits without the session's snapshot properties: the write starts after it
         start_snapshot = branches.branch_snapshot(spark, spec, branch)
     # a primary-key change is a delete and an insert sharing a change_id; its
@@ -366,7 +366,7 @@ def _write(
                     stored_keys=stored_keys,
                     whole_rows=acc.whole_rows == stored_keys,
                 )
-            if refresh and counts["deleted"] + counts["noop_deletes"] + counts["filled"]:  # tombstones written or filled
+            if refresh and (counts["deleted"] + counts["noop_deletes"] + counts["filled"] or truncs["n"]):  # tombstones changed
                 with _phase(spark, tr, "key_change_refresh"):
                     counts["key_changes_refreshed"] = merge.refresh_inherited(spark, spec, branch, work.batch_id)
             # a net change always commits (a stored key's has another position than the

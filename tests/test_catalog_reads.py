@@ -168,3 +168,36 @@ def test_a_run_whose_branch_another_run_committed_on_meanwhile_does_not_own_it(s
     commit("run-b", 3)
     with pytest.raises(ConcurrentApply):
         branches.own_head(spark, spec, "audit_r", "run-b", "b1", start)
+
+
+def test_a_branch_cut_after_another_run_published_the_batch_refuses_its_write(spark, settings):
+    """Run B reads main's ledger, run A publishes the batch, B cuts its branch
+    from the new main (``branches.reset_branch_for``): B refuses when main
+    now holds one of its files or, for a batch whose file had held lines
+    (in no ledger's files, held.py), the batch itself.  A branch cut from
+    the main B read, or from a main that moved by another batch, is B's to write."""
+    import datetime as dt
+
+    from cdc_apply.archive.files import ArchiveFile
+
+    ident = f"{settings.catalog_name}.{NS}.published_meanwhile"
+    spark.sql(f"CREATE TABLE {ident} (id int, v string) USING iceberg TBLPROPERTIES ('format-version'='2')")
+    spark.sql(f"INSERT INTO {ident} VALUES (1, 'a')")
+    spec = tables.TableSpec(ident, f"{NS}.published_meanwhile", ["id"], {"id": "int", "v": "string"})
+    led = ledger.Ledger(settings)
+    read = led.table_ledger(spec.short)
+    f = ArchiveFile(hour=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), path="/archive/h1.jsonl", size=1, sha256="0" * 64)
+    assert branches.reset_branch_for(spark, spec, "audit_b1", [f], read, settings, "b1") == read.snapshot_id
+
+    def publish(batch: str, files: list[dict]) -> None:
+        with branches.snapshot_properties(spark, ledger.summary_properties(batch, files, position_max=None, truncated_at=None, counts={})):
+            spark.sql(f"INSERT INTO {ident} VALUES (2, 'b')")
+
+    publish("other", [{"path": "/archive/h0.jsonl", "size": 1, "sha256": "1" * 64}])
+    assert branches.reset_branch_for(spark, spec, "audit_b1", [f], read, settings, "b1") != read.snapshot_id  # moved by another batch
+    publish("b1", [])  # the batch, its file held in part
+    with pytest.raises(ConcurrentApply, match="batch b1"):
+        branches.reset_branch_for(spark, spec, "audit_b1", [f], read, settings, "b1")
+    publish("b2", [f.as_dict()])
+    with pytest.raises(ConcurrentApply, match=r"h1\.jsonl"):
+        branches.reset_branch_for(spark, spec, "audit_b2", [f], read, settings, "b2")

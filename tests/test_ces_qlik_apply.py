@@ -284,3 +284,43 @@ def test_resent_segment_of_an_applied_split_message_does_not_stay_pending(spark,
     assert pending_files(s, get_source(s, name)) == []
     assert str(second) not in [f.path for f in pending_files(s, get_source(s, name))]
     assert set(live_rows(spark, s, name, "items", ["id"], {"id": "int", "name": "string"})) == {("1",), ("2",)}
+
+
+def test_a_rerun_after_the_change_log_s_publish_logs_a_held_file_s_lines_once(spark, source):
+    """A file with a held message is in no ledger's ``cdc.files`` until it is
+    released (held.py).  A run publishes the change log, then dies before the
+    table's publish; its batch runs again (the same files: the same batch
+    id).  The change log cannot tell by the file that it holds the file's
+    other lines already: it tells by the batch, and logs nothing again.  The
+    released message is logged once, by the batch that releases it."""
+    from cdc_apply import ledger
+    from cdc_apply.apply import changelog
+
+    name, s = source("sqlserver_ces", quarantine_max_share=1.0)
+    big = ces.message(
+        "INS",
+        id="big",
+        logicalid="split-1",
+        current={"id": "2", "name": "x" * 300},
+        pkkey=[{"columnname": "id", "value": "2"}],
+        tx={**ces.TX, "sequencenumber": 5},
+    )
+    seg0, seg1 = ces.segments(big, 2, id_prefix="big")
+    first = put(s, name, 0, [ces_event(1, 1), seg0, ces_event(3, 3)])
+    r1 = run_batch(s, name, spark=spark, stages=("write", "validate"))
+    tr = r1.tables[0]
+    assert tr.status == "validated" and tr.changelog and r1.held_files == [str(first)], r1.to_json()
+    changelog.publish(ledger.Ledger(s), tr)  # the kill lands after this
+
+    def logged() -> list[tuple[str, int, str]]:
+        rows = spark.table(tr.changelog).select("file", "line", "position").collect()
+        return sorted((Path(r["file"]).name, r["line"], r["position"]) for r in rows)
+
+    assert len(logged()) == 2
+    r2 = run_batch(s, name, spark=spark)
+    assert r2.batch_id == r1.batch_id and r2.status == "complete", r2.to_json()
+    assert len(logged()) == 2, logged()
+    put(s, name, 1, [seg1])
+    assert run_batch(s, name, spark=spark).status == "complete"
+    assert len(logged()) == 3 == len(set(logged())), logged()
+    assert set(live_rows(spark, s, name, "items", ["id"], {"id": "int", "name": "string"})) == {("1",), ("2",), ("3",)}

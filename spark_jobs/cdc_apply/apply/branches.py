@@ -80,12 +80,19 @@ def reset_branch(spark: SparkSession, spec: TableSpec, branch: str) -> int | Non
 
 
 def reset_branch_for(
-    spark: SparkSession, spec: TableSpec, branch: str, files: Sequence[ArchiveFile], read: ledger.TableLedger | None, settings: Settings
+    spark: SparkSession,
+    spec: TableSpec,
+    branch: str,
+    files: Sequence[ArchiveFile],
+    read: ledger.TableLedger | None,
+    settings: Settings,
+    batch_id: str,
 ) -> int | None:
     """``reset_branch`` for a write of ``files``, which main's ledger as
     ``read`` before says are not applied yet.  Refuses (transient
     ConcurrentApply: the retry applies what is left) when the snapshot the
-    branch starts from holds any of them: another run of the batch
+    branch starts from holds any of them, or the batch (a file with held
+    lines is in no ledger's files, held.py): another run of the batch
     published between the read and the branch, and writing the files again
     on top of its commit would apply them twice (an append, the change log,
     would log every change twice: the nemesis's two-applies race).  The
@@ -96,7 +103,8 @@ def reset_branch_for(
         return start
     at_start = ledger.Ledger(settings).table_ledger(spec.short, start)
     again = [f.path for f in files if at_start is not None and f.path in at_start.files]
-    if again:
+    if again or (at_start is not None and batch_id in at_start.batches):
+        again = again or [f"batch {batch_id}"]
         raise ConcurrentApply(
             f"another run applied {len(again)} file(s) of this batch to {spec.identifier} while this run prepared them "
             f"(main moved to {start} after this run read its ledger), e.g. {again[0]}; retry: the retry applies what is left, exactly once"

@@ -115,11 +115,13 @@ def write(work: Any, spec: tables.TableSpec, events: DataFrame, files: list[Arch
     cl = tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=[], columns={})
     led = ledger.Ledger(work.settings).table_ledger(cl.short)
     new = ledger.not_yet_applied(files, led.files if led else {}, ident)
-    if not new:
+    if not new or (led is not None and batch_id in led.batches):
+        # a run of this batch logged it (a file with held lines is in no
+        # ledger's files until released, held.py), then died before the table's publish
         return None
     rows = change_rows(events.where(F.col("file").isin([f.path for f in new])), batch_id, spec.key_columns)
     branch = ledger.audit_branch(batch_id)
-    start = branches.reset_branch_for(spark, cl, branch, new, led, work.settings)
+    start = branches.reset_branch_for(spark, cl, branch, new, led, work.settings, batch_id)
     applied = [f.as_dict() for f in new if f.path not in work.held_files]
     props = ledger.summary_properties(batch_id, applied, position_max=None, truncated_at=None, counts={})
     attempt = props[branches.ATTEMPT_PROPERTY] = uuid.uuid4().hex

@@ -126,7 +126,7 @@ def write(
         logged.join(touched.select("_k"), "_k", "left_semi").unionByName(logged.where("op = 't'")), spec.key_columns, spec.columns
     )
     branch = ledger.audit_branch(batch_id)
-    start = branches.reset_branch_for(spark, hspec, branch, new, led, work.settings)
+    start = branches.reset_branch_for(spark, hspec, branch, new, led, work.settings, batch_id)
     props = ledger.summary_properties(
         batch_id, [f.as_dict() for f in new if f.path not in work.held_files], position_max=None, truncated_at=None, counts={}
     )

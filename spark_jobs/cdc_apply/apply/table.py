@@ -252,7 +252,7 @@ def _write(
     exactly this span."""
     spark, branch = work.spark, work.branch
     prepared = compact.prepare_events(rows, {k: spec.columns[k] for k in spec.key_columns})
-    start_snapshot = branches.reset_branch_for(spark, spec, branch, new_files, prior, work.settings)
+    start_snapshot = branches.reset_branch_for(spark, spec, branch, new_files, prior, work.settings, work.batch_id)
     # main as this branch was cut from it: another run may publish meanwhile (its
     # newer positions are no regression of this batch; the fast-forward refuses it)
     main_df = read_snapshot(spark, spec, start_snapshot) if start_snapshot is not None else branches.read_branch(spark, spec, "main")

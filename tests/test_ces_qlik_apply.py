@@ -193,15 +193,8 @@ def ces_event(key: int, seq: int, name: str = "a", op: str = "INS", **kw: Any) -
     )
 
 
-def test_ces_split_across_two_hourly_files_is_applied(spark, source):
-    """Segment 0 of a split insert lands next to complete events of the same
-    table; segment 1 an hour later. The first batch holds the file, the second
-    reassembles the event from it and must apply it (not filter it out as a file
-    the table has seen), without counting or quarantining the first file's other
-    lines again."""
-    from cdc_apply.config import get_source
-
-    name, s = source("sqlserver_ces", quarantine_max_share=1.0)
+def split_insert() -> tuple[str, str]:
+    """The two segments of a CES insert of key 2 split in two (logical id ``split-1``)."""
     big = ces.message(
         "INS",
         id="big",
@@ -211,6 +204,19 @@ def test_ces_split_across_two_hourly_files_is_applied(spark, source):
         tx={**ces.TX, "sequencenumber": 5},
     )
     seg0, seg1 = ces.segments(big, 2, id_prefix="big")
+    return seg0, seg1
+
+
+def test_ces_split_across_two_hourly_files_is_applied(spark, source):
+    """Segment 0 of a split insert lands next to complete events of the same
+    table; segment 1 an hour later. The first batch holds the file, the second
+    reassembles the event from it and must apply it (not filter it out as a file
+    the table has seen), without counting or quarantining the first file's other
+    lines again."""
+    from cdc_apply.config import get_source
+
+    name, s = source("sqlserver_ces", quarantine_max_share=1.0)
+    seg0, seg1 = split_insert()
     first = put(s, name, 0, [ces_event(1, 1), seg0, "{not json", ces_event(3, 3)])
     r1 = run_batch(s, name, spark=spark)
     assert r1.status == "complete" and r1.held_files == [str(first)], r1.to_json()
@@ -297,15 +303,7 @@ def test_a_rerun_after_the_change_log_s_publish_logs_a_held_file_s_lines_once(sp
     from cdc_apply.apply import changelog
 
     name, s = source("sqlserver_ces", quarantine_max_share=1.0)
-    big = ces.message(
-        "INS",
-        id="big",
-        logicalid="split-1",
-        current={"id": "2", "name": "x" * 300},
-        pkkey=[{"columnname": "id", "value": "2"}],
-        tx={**ces.TX, "sequencenumber": 5},
-    )
-    seg0, seg1 = ces.segments(big, 2, id_prefix="big")
+    seg0, seg1 = split_insert()
     first = put(s, name, 0, [ces_event(1, 1), seg0, ces_event(3, 3)])
     r1 = run_batch(s, name, spark=spark, stages=("write", "validate"))
     tr = r1.tables[0]

@@ -48,6 +48,59 @@ def test_two_runs_recording_one_batchs_quarantine_at_once_never_double_it(spark,
     assert spark.sql(f"SELECT count(*) FROM {target} WHERE batch_id = 'qrace_0'").collect()[0][0] == 5
 
 
+def test_two_runs_quarantining_a_table_s_null_keys_at_once_never_double_them_nor_lose_them(spark, settings):
+    """The null-key quarantine of a table (``table._quarantine_keyless``)
+    was a delete then an append, the pattern the test above found doubling:
+    two runs of one batch at once wrote every row twice.  It is the MERGE of
+    ``quarantine.write`` now.  And a rewrite of the batch's decode quarantine
+    (another run's, or a retry's) deleted the null-key rows, whose reasons
+    fell in its scope: the batch then counted messages as quarantined that
+    the quarantine table did not hold.  The scopes are disjoint now."""
+    from cdc_apply import ledger
+    from cdc_apply.apply import tables
+    from cdc_apply.apply.table import TableWork, _quarantine_keyless
+    from cdc_apply.batch import _record_quarantine
+    from cdc_apply.config import SourceConfig
+    from cdc_apply.decode.stage import outcomes_decoded
+    from tests.apply_harness import event
+
+    source = SourceConfig(name="krace", format="debezium_postgres", namespace="krace")
+    evs = [event("c", i, {"name": "x"}, pos=i, file="/a/k.jsonl", line=i) for i in range(1, 6)]
+    for e in evs[:3]:
+        e.after = {"name": "x"}  # no value for the key column
+    rows = outcomes_decoded(spark, evs).frame
+    spec = tables.TableSpec(f"{settings.catalog_name}.krace.items", "krace.items", ["id"], {"id": "int", "name": "string"})
+    ledger.Ledger(settings).ensure_audit_tables()
+    target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
+
+    def quarantined(batch: str) -> Counter:
+        return Counter((r["file"], r["line"]) for r in spark.sql(f"SELECT file, line FROM {target} WHERE batch_id = '{batch}'").collect())
+
+    for attempt in range(3):
+        batch = f"krace_{attempt}"
+        work = TableWork(spark, settings, source, batch, [], {})
+        barrier, errors = threading.Barrier(2), []
+
+        def write(barrier=barrier, work=work, errors=errors):
+            barrier.wait()
+            try:
+                assert _quarantine_keyless(work, spec, rows) == 3
+            except Exception as exc:  # a loser may fail (transient, clearly): never double
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write) for _ in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        got = quarantined(batch)
+        assert set(got) == {("/a/k.jsonl", i) for i in range(1, 4)} and set(got.values()) == {1}, (got, errors)
+        assert all("another run is applying batch" in str(e) for e in errors), errors
+    decoded = spark.createDataFrame(
+        [("quarantined", "/a/f.jsonl", 9, "DecodeError: bad", "raw 9")], "status string, file string, line int, reason string, raw string"
+    )
+    _record_quarantine(spark, settings, source, "krace_0", decoded)  # the decode's rows, written again
+    assert quarantined("krace_0") == Counter({("/a/k.jsonl", 1): 1, ("/a/k.jsonl", 2): 1, ("/a/k.jsonl", 3): 1, ("/a/f.jsonl", 9): 1})
+
+
 def test_a_run_that_loses_the_race_to_create_the_audit_namespace_goes_on(settings, monkeypatch):
     """Found by the race of two applies of one batch at once (CI, stagger 0):
     pyiceberg's SQL catalog checks for the namespace and then inserts it, so

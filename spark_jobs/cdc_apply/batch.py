@@ -25,11 +25,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_apply import ledger
-from cdc_apply.apply import branches, changelog, gate, held, history, tables, transactions
+from cdc_apply.apply import branches, changelog, gate, held, history, quarantine, tables, transactions
 from cdc_apply.apply.table import (
     TableWork,
     apply_table,
-    concurrent_apply_message,
     read_snapshot,
     source_identity,
 )
@@ -562,7 +561,7 @@ def _targets(source: SourceConfig, table_meta: list) -> tuple[dict[str, str], di
         try:
             targets[ident] = mapped or tables.target_name(meta["table_name"])
         except ConfigError as exc:
-            refused[ident] = f"refused table {tables.describe_identity(ident)}: {exc}"
+            refused[ident] = f"{quarantine.REFUSED_TABLE_PREFIX}{tables.describe_identity(ident)}: {exc}"
     by_target: dict[str, list[str]] = {}
     for ident, target in targets.items():
         by_target.setdefault(target, []).append(ident)
@@ -625,7 +624,7 @@ def _refuse_tables(
         raw.alias("raw"),
         F.current_timestamp().alias("recorded_at"),
     )
-    _write_quarantine(spark, target, rows, result.id, "reason LIKE 'refused table %'")
+    quarantine.write(spark, target, rows, result.id, quarantine.REFUSED_TABLES)
 
 
 def _record_quarantine(spark: SparkSession, settings: Settings, source: SourceConfig, batch_id: str, decoded: DataFrame) -> None:
@@ -640,41 +639,7 @@ def _record_quarantine(spark: SparkSession, settings: Settings, source: SourceCo
         "raw",
         F.current_timestamp().alias("recorded_at"),
     )
-    _write_quarantine(spark, target, rows, batch_id, "NOT (reason LIKE 'refused table %')")
-
-
-def _write_quarantine(spark: SparkSession, target: str, rows: DataFrame, batch_id: str, scope: str, attempts: int = 4) -> None:
-    """Make the batch's quarantine rows of ``scope`` (a condition on the
-    target's ``reason``) exactly ``rows``, in one MERGE: a retry of the batch
-    replaces them, and two runs of one batch at once never double them (a
-    delete then an append did: both deleted nothing, both appended).  The
-    later commit fails Iceberg's conflict check and is retried, finding the
-    rows there; after ``attempts`` it fails transient (ConcurrentApply)."""
-    view = f"_cdc_quarantine_{abs(hash((batch_id, scope, time.time()))):x}"
-    rows.createOrReplaceTempView(view)
-    on = "t.batch_id = s.batch_id AND t.file <=> s.file AND t.line <=> s.line AND t.reason <=> s.reason AND t.raw <=> s.raw"
-    mine = f"t.batch_id = {tables.sql_string(batch_id)} AND {scope.replace('reason', 't.reason')}"
-    sql = f"MERGE INTO {target} t USING {view} s ON {on} WHEN NOT MATCHED THEN INSERT * WHEN NOT MATCHED BY SOURCE AND {mine} THEN DELETE"
-    try:
-        for attempt in range(1, attempts + 1):
-            try:
-                spark.sql(sql)
-                return
-            except Exception as exc:
-                msg = concurrent_apply_message(exc, target, batch_id, "(quarantine)")
-                if msg is None:
-                    raise
-                if attempt == attempts:
-                    raise ConcurrentApply(msg) from None
-                log.warning(
-                    "batch %s: quarantine write lost a commit race (attempt %d), retrying: %s",
-                    batch_id,
-                    attempt,
-                    str(exc).splitlines()[0][:200],
-                )
-                time.sleep(0.5 * attempt)
-    finally:
-        spark.catalog.dropTempView(view)
+    quarantine.write(spark, target, rows, batch_id, quarantine.DECODED)
 
 
 def validate_batch(
@@ -709,7 +674,7 @@ def validate_batch(
                 continue
             tr.status, tr.terminal = Status.FAILED, False
             tr.message = (
-                concurrent_apply_message(exc, tr.table, result.batch_id, tr.branch or "")
+                branches.concurrent_apply_message(exc, tr.table, result.batch_id, tr.branch or "")
                 or f"validation could not run: {type(exc).__name__}: {str(exc)[:2000]}"
             )
             continue
@@ -777,7 +742,7 @@ def publish_batch(settings: Settings, result: BatchResult, table: str | None = N
         except CdcError as exc:
             tr.status, tr.terminal, tr.message = Status.FAILED, False, str(exc)
         except Exception as exc:  # a lost commit race (pyiceberg's CommitFailedException): transient
-            msg = concurrent_apply_message(exc, tr.table, result.batch_id, tr.branch)
+            msg = branches.concurrent_apply_message(exc, tr.table, result.batch_id, tr.branch)
             if msg is None:
                 raise
             tr.status, tr.terminal, tr.message = Status.FAILED, False, msg

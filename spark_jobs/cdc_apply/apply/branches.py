@@ -171,3 +171,20 @@ def own_head(spark: SparkSession, spec: TableSpec, branch: str, attempt: str, ba
             "is not this run's write); retry: the retry applies what is left, exactly once"
         )
     return int(head)
+
+
+_CONCURRENT = ("ConcurrentApply", "ValidationException", "CommitFailedException", "CommitStateUnknownException", "Found conflicting files")
+
+
+def concurrent_apply_message(exc: BaseException, table: str, batch_id: str | None, branch: str | None) -> str | None:
+    """The clear, transient message of a failure that means another run is
+    applying the same batch: Iceberg's optimistic concurrency let the other
+    run's commit (or its reset of the shared audit branch) win.  None for
+    any other failure."""
+    text = f"{type(exc).__name__}: {exc}"
+    if any(marker in text for marker in _CONCURRENT) or (branch and branch in text):
+        return (
+            f"{ConcurrentApply.__name__}: another run is applying batch {batch_id} to {table} at the same time "
+            f"(its commit on branch {branch!r} won: {text.splitlines()[0][:300]}); retry: the retry applies what is left, exactly once"
+        )
+    return None

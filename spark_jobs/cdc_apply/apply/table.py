@@ -22,10 +22,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_apply import ledger
-from cdc_apply.apply import branches, changelog, compact, gate, history, merge, tables
+from cdc_apply.apply import branches, changelog, compact, gate, history, merge, quarantine, tables
 from cdc_apply.archive.files import ArchiveFile
 from cdc_apply.config import Settings, SourceConfig
-from cdc_apply.errors import CdcError, ConcurrentApply, ConfigError, TerminalError
+from cdc_apply.errors import CdcError, ConfigError, TerminalError
 from cdc_apply.results import TableResult
 from cdc_apply.runtime import session, spark_conf
 from cdc_apply.runtime.background import Background
@@ -99,7 +99,9 @@ def apply_table(work: TableWork, events: DataFrame, meta: Any, target: str | Non
         tr.terminal = False
     except Exception as exc:  # a Spark / catalog failure: may be transient
         log.exception("table %s failed", meta["table_name"])
-        tr.message = concurrent_apply_message(exc, tr.table, work.batch_id, work.branch) or f"{type(exc).__name__}: {str(exc)[:2000]}"
+        tr.message = (
+            branches.concurrent_apply_message(exc, tr.table, work.batch_id, work.branch) or f"{type(exc).__name__}: {str(exc)[:2000]}"
+        )
         tr.terminal = False
     return tr
 
@@ -417,7 +419,7 @@ def _quarantine_keyless(work: TableWork, spec: tables.TableSpec, rows: DataFrame
     key_types = {k: spec.columns[k] for k in spec.key_columns}
     missing = functools.reduce(lambda a, b: a | b, [compact.typed_value(compact.key_text(k), t).isNull() for k, t in key_types.items()])
     types = ", ".join(f"{k} {t}" for k, t in key_types.items())
-    reason = f"null key: {spec.short}: the event has no value for key column(s) ({types}) (absent or NULL)"
+    reason = f"{quarantine.NULL_KEY_PREFIX}{spec.short}: the event has no value for key column(s) ({types}) (absent or NULL)"
     raw = F.to_json(F.struct("database", "schema_name", "table_name", "op", "key_columns", "position", "after", "before"))
     bad = (
         rows.where(missing)
@@ -436,10 +438,7 @@ def _quarantine_keyless(work: TableWork, spec: tables.TableSpec, rows: DataFrame
         n = bad.count()
         ledger.Ledger(work.settings).ensure_audit_tables()
         target = f"{work.settings.catalog_name}.{work.settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
-        work.spark.sql(
-            f"DELETE FROM {target} WHERE batch_id = {tables.sql_string(work.batch_id)} AND reason = {tables.sql_string(reason)}"
-        )  # a retry replaces
-        bad.writeTo(target).append()
+        quarantine.write(work.spark, target, bad, work.batch_id, quarantine.null_key(reason))  # a retry replaces
     finally:
         bad.unpersist()
     log.warning("batch %s: %d event(s) of %s quarantined: %s", work.batch_id, n, spec.identifier, reason)
@@ -535,20 +534,3 @@ def _conflict_check(labelled: DataFrame, key_columns: list[str], n: int) -> str:
 
 def read_snapshot(spark: SparkSession, spec: tables.TableSpec, snapshot_id: int) -> DataFrame:
     return spark.sql(f"SELECT * FROM {spec.identifier} VERSION AS OF {int(snapshot_id)}")
-
-
-_CONCURRENT = ("ConcurrentApply", "ValidationException", "CommitFailedException", "CommitStateUnknownException", "Found conflicting files")
-
-
-def concurrent_apply_message(exc: BaseException, table: str, batch_id: str | None, branch: str | None) -> str | None:
-    """The clear, transient message of a failure that means another run is
-    applying the same batch: Iceberg's optimistic concurrency let the other
-    run's commit (or its reset of the shared audit branch) win.  None for
-    any other failure."""
-    text = f"{type(exc).__name__}: {exc}"
-    if any(marker in text for marker in _CONCURRENT) or (branch and branch in text):
-        return (
-            f"{ConcurrentApply.__name__}: another run is applying batch {batch_id} to {table} at the same time "
-            f"(its commit on branch {branch!r} won: {text.splitlines()[0][:300]}); retry: the retry applies what is left, exactly once"
-        )
-    return None

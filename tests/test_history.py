@@ -120,6 +120,39 @@ def test_a_late_event_splits_the_version_it_belongs_in_and_a_rerun_adds_nothing(
     assert stored_history(spark, settings, ns) == before
 
 
+def test_a_rerun_after_the_change_log_s_publish_writes_the_history_from_the_published_log(spark, settings):
+    """Killed between the change log's publish and the history's: the rerun
+    finds the batch's changes in the change log's main (nothing to log
+    again) and writes the history from there.  Found by the nemesis's kill
+    at its first fast-forward: the change log read as a table inside the
+    history's MERGE failed Spark's planning (``No plan for
+    TableReference``), on every rerun: a person would have been paged."""
+    from cdc_apply import ledger
+    from cdc_apply.apply import changelog
+
+    ns = f"hist_{next(_ns)}"
+    first = [
+        event("c", 1, {"name": "a", "amount": "1.00"}, pos=10),
+        event("u", 1, {"name": "c", "amount": "3.00"}, pos=30),
+        event("d", 1, pos=40),
+        event("c", 2, {"name": "x", "amount": "9.00"}, pos=50),
+    ]
+    r = apply_events(spark, settings, ns, first, history=HISTORY, batch_tag="one", stages=("validate",))
+    assert r.tables[0].status == "validated", r.tables[0].message
+    changelog.publish(ledger.Ledger(settings), r.tables[0])  # the kill lands after this
+    again = apply_events(spark, settings, ns, first, history=HISTORY, batch_tag="one")
+    assert again.status == "complete", again.tables[0].message
+    got = [
+        (v["key"], v["values"]["name"], v["values"]["amount"], v["valid_from"][-2:], (v["valid_to"] or "")[-2:], v["op"], v["closed_by"])
+        for v in stored_history(spark, settings, ns)
+    ]
+    assert got == [
+        (("1",), "a", "1.00", "10", "30", "c", "u"),
+        (("1",), "c", "3.00", "30", "40", "u", "d"),
+        (("2",), "x", "9.00", "50", "", "c", None),
+    ]
+
+
 def test_a_truncate_closes_every_current_version(spark, settings):
     from cdc_apply.model import ChangeEvent, Op
 

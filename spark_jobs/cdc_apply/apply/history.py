@@ -109,7 +109,11 @@ def write(
     if not new:
         return None
     log_ident = changelog.identifier(spec.identifier)
-    logged = spark.table(log_ident) if changelog_head is None else spark.read.option("versionAsOf", changelog_head).table(log_ident)
+    if changelog_head is None:  # main holds the files: an earlier run published the change log, then died
+        # read at main's snapshot, by id: the table itself, read inside the MERGE below, fails
+        # Spark's planning ("No plan for TableReference", found by the nemesis's kill at its first fast-forward)
+        changelog_head = branches.branch_snapshot(spark, tables.TableSpec(log_ident, log_ident.split(".", 1)[1], [], {}), "main")
+    logged = spark.read.option("versionAsOf", changelog_head).table(log_ident)
     logged = logged.withColumn("_k", F.to_json("key"))
     if truncated_before is not None:
         mark = spark.createDataFrame(

@@ -92,23 +92,32 @@ def test_a_version_between_two_truncates_delivered_apart_is_closed_by_the_first(
     assert stored_history(spark, settings, ns) == model_history([e for b in batches for e in b])
 
 
-def test_a_late_event_splits_the_version_it_belongs_in_and_a_rerun_adds_nothing(spark, settings):
-    ns = f"hist_{next(_ns)}"
-    first = [
+def _two_keys_lives() -> list:
+    """Key 1 inserted (10), updated (30) and deleted (40); key 2 inserted (50)."""
+    return [
         event("c", 1, {"name": "a", "amount": "1.00"}, pos=10),
         event("u", 1, {"name": "c", "amount": "3.00"}, pos=30),
         event("d", 1, pos=40),
         event("c", 2, {"name": "x", "amount": "9.00"}, pos=50),
     ]
+
+
+def _versions(spark, settings, ns: str) -> list[tuple]:
+    """The stored versions as (key, name, amount, from, to, op, closed by), positions by their last two digits."""
+    return [
+        (v["key"], v["values"]["name"], v["values"]["amount"], v["valid_from"][-2:], (v["valid_to"] or "")[-2:], v["op"], v["closed_by"])
+        for v in stored_history(spark, settings, ns)
+    ]
+
+
+def test_a_late_event_splits_the_version_it_belongs_in_and_a_rerun_adds_nothing(spark, settings):
+    ns = f"hist_{next(_ns)}"
+    first = _two_keys_lives()
     apply_events(spark, settings, ns, first, history=HISTORY, batch_tag="one")
     late = [event("u", 1, {"name": "b"}, pos=20, file=f"/virtual/{ns}/late.jsonl")]
     result = apply_events(spark, settings, ns, late, history=HISTORY, batch_tag="late")
     assert result.status == "complete", result.message
-    got = [
-        (v["key"], v["values"]["name"], v["values"]["amount"], v["valid_from"][-2:], (v["valid_to"] or "")[-2:], v["op"], v["closed_by"])
-        for v in stored_history(spark, settings, ns)
-    ]
-    assert got == [
+    assert _versions(spark, settings, ns) == [
         (("1",), "a", "1.00", "10", "20", "c", "u"),
         (("1",), "b", "1.00", "20", "30", "u", "u"),  # the late partial update: its version sits between, amount carried
         (("1",), "c", "3.00", "30", "40", "u", "d"),
@@ -131,22 +140,13 @@ def test_a_rerun_after_the_change_log_s_publish_writes_the_history_from_the_publ
     from cdc_apply.apply import changelog
 
     ns = f"hist_{next(_ns)}"
-    first = [
-        event("c", 1, {"name": "a", "amount": "1.00"}, pos=10),
-        event("u", 1, {"name": "c", "amount": "3.00"}, pos=30),
-        event("d", 1, pos=40),
-        event("c", 2, {"name": "x", "amount": "9.00"}, pos=50),
-    ]
+    first = _two_keys_lives()
     r = apply_events(spark, settings, ns, first, history=HISTORY, batch_tag="one", stages=("validate",))
     assert r.tables[0].status == "validated", r.tables[0].message
     changelog.publish(ledger.Ledger(settings), r.tables[0])  # the kill lands after this
     again = apply_events(spark, settings, ns, first, history=HISTORY, batch_tag="one")
     assert again.status == "complete", again.tables[0].message
-    got = [
-        (v["key"], v["values"]["name"], v["values"]["amount"], v["valid_from"][-2:], (v["valid_to"] or "")[-2:], v["op"], v["closed_by"])
-        for v in stored_history(spark, settings, ns)
-    ]
-    assert got == [
+    assert _versions(spark, settings, ns) == [
         (("1",), "a", "1.00", "10", "30", "c", "u"),
         (("1",), "c", "3.00", "30", "40", "u", "d"),
         (("2",), "x", "9.00", "50", "", "c", None),

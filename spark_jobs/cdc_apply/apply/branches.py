@@ -101,10 +101,9 @@ def reset_branch_for(
     start = reset_branch(spark, spec, branch)
     if start is None or start == (read.snapshot_id if read is not None else None):
         return start
-    at_start = ledger.Ledger(settings).table_ledger(spec.short, start)
-    again = [f.path for f in files if at_start is not None and f.path in at_start.files]
-    if again or (at_start is not None and batch_id in at_start.batches):
-        again = again or [f"batch {batch_id}"]
+    at_start = ledger.Ledger(settings).table_ledger(spec.short, start) or ledger.TableLedger()
+    again = [f.path for f in files if f.path in at_start.files] or ([f"batch {batch_id}"] if batch_id in at_start.batches else [])
+    if again:
         raise ConcurrentApply(
             f"another run applied {len(again)} file(s) of this batch to {spec.identifier} while this run prepared them "
             f"(main moved to {start} after this run read its ledger), e.g. {again[0]}; retry: the retry applies what is left, exactly once"

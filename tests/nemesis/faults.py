@@ -33,7 +33,7 @@ def _source(work: Path, name: str, seed: int, hours: int = 2):
     from cdc_apply.config import Settings
 
     work.mkdir(parents=True, exist_ok=True)
-    write_workload(work / "archive" / name, seed, hours=hours, per_hour=10)
+    write_workload(work / "archive" / name, seed, hours=hours, per_hour=10, transactions=False)
     (work / "sources.yaml").write_text(sources_yaml(name, name))
     os.environ["CDC_SOURCES_FILE"] = str(work / "sources.yaml")
     return Settings.from_env()

@@ -31,11 +31,17 @@ def start_state(folder: Folder, phase: str) -> None:
 
 
 def phase_files(folder: Folder, phase: str):
-    """The files of batch A or B, as discovery would choose them (for the staged path's manifest)."""
+    """The files of batch A or B as the DAG's discovery chooses them (for the
+    staged path's manifest): the source's pending files in the folder's
+    current state, up to the split for A.  Pending, not listed by hour: a
+    file an earlier batch held (a torn transaction) belongs to the next batch."""
     from cdc_apply.archive.listing import list_files
 
-    root = folder.archive / SOURCE
-    return list_files(root, until=SPLIT) if phase == "A" else list_files(root, since=SPLIT) if phase == "B" else list_files(root)
+    run = folder.run(["pending", "--source", SOURCE] + (["--until", SPLIT.isoformat()] if phase == "A" else []))
+    if run.code != 0:
+        raise RuntimeError(f"`cdc pending` failed:\n{run.tail()}")
+    pending = {line.split()[-1] for line in run.out.splitlines() if line.strip()}
+    return [f for f in list_files(folder.archive / SOURCE) if f.path in pending]
 
 
 @dataclass

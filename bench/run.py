@@ -646,6 +646,8 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
                 "split_5x_mb": r5["at_peak_mb"],
                 "seconds_1x": round(r1["seconds"], 2),
                 "seconds_5x": round(r5["seconds"], 2),
+                "runs_1x_seconds": [round(r["seconds"], 2) for r in runs_1x],
+                "runs_5x_seconds": [round(r["seconds"], 2) for r in runs_5x],
                 "measured": "the DAG's spark-submit job, one process tree per batch (launcher + JVM driver + Python driver + "
                 "Python workers), summed RSS sampled every 0.1 s; the median of the runs (the JVM's heap sizing "
                 "moves one run's peak by +-15 %)" + ("; the 1x batch is the hourly batch" if reuse_rss else ""),

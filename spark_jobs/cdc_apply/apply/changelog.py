@@ -48,6 +48,11 @@ def identifier(table_identifier: str) -> str:
     return table_identifier + SUFFIX
 
 
+def table_spec(ident: str) -> tables.TableSpec:
+    """The change log ``ident`` as the branch and ledger helpers take a table (it has no key)."""
+    return tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=[], columns={})
+
+
 def change_rows(events: DataFrame, batch_id: str, key_columns: list[str]) -> DataFrame:
     """Decoded events (``decode.stage.OUTCOME_DDL``) -> change-log rows.  The
     key is read as the apply reads it (``compact.key_text``: a delete's from
@@ -112,7 +117,7 @@ def write(work: Any, spec: tables.TableSpec, events: DataFrame, files: list[Arch
     spark, batch_id = work.spark, work.batch_id
     ident = identifier(spec.identifier)
     ensure_table(spark, ident, work.source.name)
-    cl = tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=[], columns={})
+    cl = table_spec(ident)
     led = ledger.Ledger(work.settings).table_ledger(cl.short)
     new = ledger.not_yet_applied(files, led.files if led else {}, ident)
     if not new or (led is not None and batch_id in led.batches):

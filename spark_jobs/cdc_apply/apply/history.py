@@ -112,7 +112,7 @@ def write(
     if changelog_head is None:  # main holds the files: an earlier run published the change log, then died
         # read at main's snapshot, by id: the table itself, read inside the MERGE below, fails
         # Spark's planning ("No plan for TableReference", found by the nemesis's kill at its first fast-forward)
-        changelog_head = branches.branch_snapshot(spark, tables.TableSpec(log_ident, log_ident.split(".", 1)[1], [], {}), "main")
+        changelog_head = branches.branch_snapshot(spark, changelog.table_spec(log_ident), "main")
     logged = spark.read.option("versionAsOf", changelog_head).table(log_ident)
     logged = logged.withColumn("_k", F.to_json("key"))
     if truncated_before is not None:

@@ -116,6 +116,7 @@ def _catalog(stack):
 def test_list_object_files_maps_hours_and_fingerprints(stack):
     import hashlib
 
+    from cdc_apply.archive.listing import archive_file_exists
     from cdc_apply.archive.object_store import list_object_files
 
     fs = stack["s3"].filesystem()
@@ -131,6 +132,9 @@ def test_list_object_files_maps_hours_and_fingerprints(stack):
     )
     assert [f.hour for f in later] == [START + dt.timedelta(hours=1)]
     assert list_object_files(f"{ARCHIVE}/no_such_source", filesystem=fs) == []
+    # what a batch asks of a held file it does not read (held.gone): still there, or gone
+    assert archive_file_exists(files[0].path, filesystem=fs)
+    assert not archive_file_exists(files[0].path + ".gone", filesystem=fs)
     # applied objects of unchanged size keep their recorded fingerprint (not downloaded again); a resized one is read
     first, second = files[0], files[1]
     known = {first.path: (first.size, "recorded"), second.path: (second.size + 1, "recorded")}

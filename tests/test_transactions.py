@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -329,3 +331,66 @@ def test_publish_is_configured_per_source_with_transactions_where_the_format_all
         source(format="qlik", publish="atomic")
     with pytest.raises(ConfigError, match=r"transaction_max_hold_hours of source 's' is 'soon'"):
         source(format="qlik", transaction_max_hold_hours="soon")
+
+
+def test_a_held_file_gone_from_the_archive_fails_the_batch_naming_it_until_force_gives_its_messages_up(
+    spark, settings, tmp_path, monkeypatch, capsys
+):
+    """A file whose held messages are not applied yet is deleted (say, by an
+    archive's lifecycle rule): its messages would wait unseen for ever, so
+    every batch fails naming it, until it is restored or an operator's force
+    gives them up, counted in the batch's messages."""
+    import shutil
+
+    from cdc_apply import cli, ledger
+    from cdc_apply.batch import GIVEN_UP
+    from tests.nemesis.workload import sources_yaml, write_workload
+
+    name = "held_gone"
+    root = tmp_path / "archive"
+    write_workload(root, seed=11, hours=2, per_hour=6)  # hour 0's last items transaction ends in hour 1's file
+    (tmp_path / "sources.yaml").write_text(sources_yaml(name, name))
+    monkeypatch.setenv("CDC_SOURCES_FILE", str(tmp_path / "sources.yaml"))
+    hour1 = root / "2026/01/01/01"
+    shutil.move(hour1, tmp_path / "later")
+
+    def apply(*extra: str) -> tuple[int, dict]:
+        code = cli.main(["apply", "--source", name, "--dir", str(root), *extra])
+        return code, json.loads(capsys.readouterr().out)
+
+    code, first = apply()
+    assert code == 0 and first["status"] == "complete" and first["held_files"], first
+    held_count = first["messages"]["held"]
+    shutil.move(tmp_path / "later", hour1)
+
+    # the held file still in the archive but outside the batch's hours: it waits, nothing fails
+    code, later_only = apply("--since", "2026-01-01T01:00:00+00:00", "--dry-run")
+    assert code == 0 and later_only["status"] == "dry-run", later_only
+
+    def status() -> dict:
+        assert cli.main(["status", "--source", name]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        held_of = [{k: v for k, v in r.items() if k.startswith("held_")} for r in rows]
+        assert rows and all(h == held_of[0] for h in held_of)  # the source's, on each of its tables' rows
+        return held_of[0]
+
+    holding = status()  # per table row, the source's held messages
+    assert (holding["held_messages"], holding["held_files"], holding["held_files_gone"]) == (held_count, len(first["held_files"]), [])
+    for path in first["held_files"]:
+        Path(path).unlink()
+    assert status()["held_files_gone"] == sorted(first["held_files"])
+    for _ in range(2):  # not once: every batch, until someone acts
+        code, gone = apply()
+        assert code != 0 and gone["status"] == "failed", gone
+        assert gone["failed_checks"] == [f"held_file_gone(files={len(first['held_files'])}, messages={held_count})"]
+        assert all(p in gone["message"] for p in first["held_files"]) and "--override force" in gone["message"]
+        assert gone["tables"] == []  # nothing written
+
+    code, forced = apply("--override", "force", "--override-reason", "deleted by the bucket's lifecycle rule")
+    assert code == 0 and forced["status"] == "complete", forced
+    assert forced["messages"][GIVEN_UP] == held_count
+    assert "let through" in forced["message"] and "held_file_gone" in forced["message"]
+    state = ledger.Ledger(settings).latest_decoder_state(name)
+    assert not set(first["held_files"]) & set(state.get(HELD_KEY, {}))
+    code, after = apply()  # the workload's last transaction never ends: its file is re-read, held again, nothing fails
+    assert code == 0 and after["status"] == "complete" and GIVEN_UP not in after["messages"] and not after["failed_checks"], after

@@ -11,6 +11,8 @@ from typing import Any
 
 def table_status(settings) -> list[dict[str, Any]]:
     """One dict per table of every configured source, ids as strings."""
+    from cdc_apply.apply import held
+    from cdc_apply.archive.listing import archive_file_exists
     from cdc_apply.batch import pending_files
     from cdc_apply.config import load_sources
     from cdc_apply.ledger import DERIVED_PROPERTIES, Ledger
@@ -31,6 +33,12 @@ def table_status(settings) -> list[dict[str, Any]]:
         else:
             pending_error = None
         rows = ledger.batch_rows(src.name)
+        state = ledger.latest_decoder_state(src.name, rows)
+        try:
+            holding = held.summary(state, archive_file_exists)
+        except Exception as exc:  # an archive that cannot be asked: the page says so
+            holding = {**held.summary(state, lambda _: True), "held_files_gone": None}
+            pending_error = pending_error or f"{type(exc).__name__}: {exc}"
         for ident in idents:
             full = f"{settings.catalog_name}.{ident}"
             led = ledger.table_ledger(ident)
@@ -58,6 +66,7 @@ def table_status(settings) -> list[dict[str, Any]]:
                     "snapshot_id": str(led.snapshot_id) if led and led.snapshot_id is not None else None,
                     "last_failure": _failure(failures[-1]) if failures else None,
                     "data_docs": next((r["data_docs"] for r in reversed(mine) if r["data_docs"]), None),
+                    **holding,
                 }
             )
     return out

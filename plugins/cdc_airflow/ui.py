@@ -127,6 +127,7 @@ def create_app() -> FastAPI:
                 "applied at",
                 "lag (min)",
                 "pending files",
+                "held messages",
                 "live rows",
                 "tombstones",
                 "snapshot",
@@ -152,6 +153,14 @@ def create_app() -> FastAPI:
                 + (f" (oldest {r['oldest_pending_hour']})" if r["oldest_pending_hour"] else "")
                 + (f" {r['pending_error']}" if r["pending_error"] else "")
             )
+            gone = r["held_files_gone"]
+            holding = (
+                f"{r['held_messages']} in {r['held_files']} file(s)"
+                + (f" since {r['held_since']}" if r["held_since"] else "")
+                + (f" GONE from the archive: {', '.join(gone)}" if gone else "")
+                if r["held_messages"]
+                else "0"
+            )
             body.append(
                 f"<tr data-table='{html.escape(r['table'])}'>"
                 + _cell(r["table"])
@@ -161,6 +170,7 @@ def create_app() -> FastAPI:
                 + _cell(r["last_applied_at"])
                 + _cell(r["lag_minutes"])
                 + _cell(pending)
+                + _cell(holding)
                 + _cell(r["live_rows"])
                 + _cell(r["tombstones"])
                 + _cell(r["snapshot_id"])

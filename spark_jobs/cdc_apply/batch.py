@@ -33,7 +33,7 @@ from cdc_apply.apply.table import (
     source_identity,
 )
 from cdc_apply.archive.files import ArchiveFile
-from cdc_apply.archive.listing import list_files
+from cdc_apply.archive.listing import archive_file_exists, list_files
 from cdc_apply.config import Settings, SourceConfig, get_source
 from cdc_apply.decode import DecodeContext, census
 from cdc_apply.decode.stage import decode_batch
@@ -253,6 +253,9 @@ def apply_decoded(
     state = dict(ledger.Ledger(settings).latest_decoder_state(source.name) if decoder_state is None else decoder_state)
     result.started_at = dt.datetime.now(dt.UTC).isoformat()
     result.stage = "write"
+    given_up = _held_files_gone(result, state, files)
+    if given_up is None:
+        return result
     with contextlib.ExitStack() as own:
         raw = decoded.persist()
         own.callback(raw.unpersist)
@@ -265,6 +268,8 @@ def apply_decoded(
             # the decode's own census holds while no line was set apart above
             status_counts, table_meta = _count_messages(kept, result, known if kept is raw else (None, None), whole=kept is raw)
             decoded = kept
+        if given_up:
+            result.messages[GIVEN_UP] = given_up
         (own if scope is None else scope).enter_context(spark_conf.small_batch_conf(spark, settings, result.messages["read"]))
         _refuse_config(source, status_counts, decoded)
         _carry_held(decoded, result, state, files)
@@ -284,6 +289,42 @@ def apply_decoded(
         result.source_state = state
         result.fail_if_any()
     return result
+
+
+GIVEN_UP = "given-up:held-file-gone"
+"""``BatchResult.messages`` key: messages an earlier batch held whose file is
+gone from the archive, given up by an operator's *force* (``_held_files_gone``)."""
+
+
+def _held_files_gone(result: BatchResult, state: dict[str, Any], files: list[ArchiveFile]) -> int | None:
+    """Files an earlier batch held messages of, gone from the archive since
+    (``held.gone``): the batch fails, naming them, since their messages would
+    otherwise wait unseen for ever; an operator's *force* gives them up
+    (their records leave the source state, their count is the result's
+    ``GIVEN_UP``).  Returns the messages given up, None when the batch fails."""
+    lost = held.gone(state, files, archive_file_exists)
+    if not lost:
+        return 0
+    n = sum(held.messages(rec) for rec in lost.values())
+    shown = "; ".join(
+        f"{path} ({held.messages(rec)} message(s), lines {', '.join(f'{lo}-{hi}' for lo, hi in rec['lines'])}, "
+        f"held since {rec.get(held.HELD_SINCE, 'unknown')})"
+        for path, rec in sorted(lost.items())[:5]
+    ) + (f"; and {len(lost) - 5} more" if len(lost) > 5 else "")
+    what = f"{len(lost)} archive file(s) of {result.source} with {n} held message(s) not applied yet are gone from the archive: {shown}"
+    override = result.get_override()
+    result.failed_checks.append(f"held_file_gone(files={len(lost)}, messages={n})")  # forced: recorded as let through
+    if override is not None and override.action == "force":
+        log.warning("batch %s: giving up %d held message(s): %s -- %s", result.batch_id, n, what, override.describe())
+        state[held.HELD_KEY] = {p: rec for p, rec in state[held.HELD_KEY].items() if p not in lost}
+        return n
+    result.status = Status.FAILED
+    result.message = (
+        f"{what}. Ways on: restore the file(s) as they were and re-run; or give their held messages up with "
+        "--override force --override-reason '...' (the count is recorded in the batch's messages as "
+        f"{GIVEN_UP!r})"
+    )
+    return None
 
 
 def _hold_transactions(

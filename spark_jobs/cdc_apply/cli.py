@@ -129,8 +129,11 @@ def cmd_pending(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    """Per table: last batch, last position, live rows, tombstones, snapshot."""
+    """Per table: last batch, last position, live rows, tombstones, snapshot;
+    and its source's held messages (``held.summary``)."""
     from cdc_apply import ledger
+    from cdc_apply.apply import held
+    from cdc_apply.archive.listing import archive_file_exists
 
     led = ledger.Ledger(settings)
     catalog = led.catalog
@@ -143,6 +146,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             idents = []
         if args.table:
             idents = [i for i in idents if i == args.table or i.endswith("." + args.table)]
+        holding = held.summary(led.latest_decoder_state(src.name), archive_file_exists)
         for ident in sorted(idents):
             tled = led.table_ledger(ident)
             table = catalog.load_table(ident)
@@ -162,6 +166,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                     "snapshot_id": str(tled.snapshot_id)
                     if tled and tled.snapshot_id is not None
                     else None,  # 64-bit: a string (JSON readers round numbers)
+                    **holding,
                 }
             )
     print(json.dumps(out, indent=2, default=str))

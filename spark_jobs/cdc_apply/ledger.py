@@ -433,9 +433,15 @@ class Ledger:
                 out[f["path"]] = (f["size"], f["sha256"])
         return out
 
-    def latest_decoder_state(self, source: str) -> dict[str, Any]:
-        rows = [r for r in self.batch_rows(source) if r["table_name"] == "*" and r["status"] == Status.COMPLETE and r["decoder_state"]]
-        return json.loads(rows[-1]["decoder_state"]) if rows else {}
+    def latest_decoder_state(self, source: str, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The source state the last complete batch carried on (``rows``: the
+        source's ``batch_rows``, when the caller has read them)."""
+        done = [
+            r
+            for r in (self.batch_rows(source) if rows is None else rows)
+            if r["table_name"] == "*" and r["status"] == Status.COMPLETE and r["decoder_state"]
+        ]
+        return json.loads(done[-1]["decoder_state"]) if done else {}
 
     def batch_rows(self, source: str | None = None) -> list[dict[str, Any]]:
         from pyiceberg.exceptions import NoSuchTableError

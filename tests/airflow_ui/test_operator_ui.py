@@ -264,6 +264,7 @@ def test_the_status_page_shows_each_table(ui, failed_run):
     rows = {r["table"]: r for r in ui.raw("/cdc/status.json").json()}
     c = rows[CUSTOMERS]
     assert (c["live_rows"], c["tombstones"], c["pending_files"]) == (5, 1, 0)
+    assert (c["held_messages"], c["held_files"], c["held_files_gone"]) == (0, 0, [])  # the demo's source holds nothing
     assert c["last_status"] == "forced" and c["last_batch"] and c["last_position"]
     assert c["last_failure"]["failed_expectations"][0].startswith("expect_column_values_to_be_between")
     assert isinstance(c["snapshot_id"], str)
@@ -275,7 +276,8 @@ def test_the_status_page_shows_each_table(ui, failed_run):
     page = ui.page("/cdc/status")
     row = ui.wait_for(lambda: page.find_element("css selector", f"tr[data-table='{CUSTOMERS}']"), what="the customers row")
     cells = [td.text for td in row.find_elements("tag name", "td")]
-    assert cells[0] == CUSTOMERS and cells[7] == "5" and cells[8] == "1" and "expect_column_values_to_be_between" in cells[10], cells
+    assert cells[0] == CUSTOMERS and cells[7] == "0" and cells[8] == "5" and cells[9] == "1", cells
+    assert "expect_column_values_to_be_between" in cells[11], cells
     ui.shot("status-after")
     page = ui.page("/plugin/cdc-status")  # the same page inside the Airflow UI (nav: CDC tables)
     ui.wait_for(lambda: page.find_elements("tag name", "iframe"), what="the embedded status page")

@@ -17,13 +17,16 @@ quarantined) by the batch that held it.  This module keeps that exact:
   the file's other lines still takes the events released from it later.
 
 A held file must not change while it is partly applied (archives are
-immutable): a different SHA-256 is refused like a changed applied file.
+immutable): a different SHA-256 is refused like a changed applied file.  Nor
+may it go away: its held messages would then wait for ever, unseen, so a
+batch that finds one gone fails, naming it (``gone``), until it is restored
+or an operator gives its messages up.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -64,6 +67,33 @@ def prior_in_batch(state: dict[str, Any], files: Iterable[Any]) -> dict[str, dic
             )
         out[f.path] = rec
     return out
+
+
+def messages(record: dict[str, Any]) -> int:
+    """The number of held messages (lines) of a held-file record."""
+    return sum(hi - lo + 1 for lo, hi in record["lines"])
+
+
+def gone(state: dict[str, Any], files: Iterable[Any], exists: Callable[[str], bool]) -> dict[str, dict[str, Any]]:
+    """The held files (path -> record) that the batch does not read and the
+    archive no longer has (``exists``: ``archive.listing.archive_file_exists``).
+    A held file the batch leaves out but the archive still has (outside the
+    batch's hours, past its ``max_files``) waits for a later batch."""
+    read = {f.path for f in files}
+    return {p: rec for p, rec in (state.get(HELD_KEY) or {}).items() if p not in read and not exists(p)}
+
+
+def summary(state: dict[str, Any], exists: Callable[[str], bool]) -> dict[str, Any]:
+    """What a source holds, for the status an operator reads (``cdc status``,
+    the UI's table page): held messages and files, the oldest ``since``, and
+    the held files gone from the archive (``gone``: the next batch fails)."""
+    records = state.get(HELD_KEY) or {}
+    return {
+        "held_messages": sum(messages(rec) for rec in records.values()),
+        "held_files": len(records),
+        "held_since": min((rec[HELD_SINCE] for rec in records.values() if HELD_SINCE in rec), default=None),
+        "held_files_gone": sorted(gone(state, [], exists)),
+    }
 
 
 def only_held_lines(spark: SparkSession, decoded: DataFrame, prior: dict[str, dict[str, Any]]) -> DataFrame:

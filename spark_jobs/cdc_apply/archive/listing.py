@@ -7,6 +7,7 @@ import datetime as dt
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from cdc_apply.archive.files import SUFFIXES, ArchiveFile, Known, hour_of, known_sha256, refuse_unread, unread_compression
 
@@ -77,6 +78,26 @@ def list_files(
         resolved, size = str(path.resolve()), path.stat().st_size
         out.append(ArchiveFile(hour=hour, path=resolved, size=size, sha256=known_sha256(known, resolved, size) or sha256_of(path)))
     return sorted(out)
+
+
+def archive_file_exists(path: str, filesystem: Any = None) -> bool:
+    """Whether the archive still has the file ``path`` (as ``list_files``
+    recorded it: a local path, or an object-store URI).  A store that cannot
+    be asked fails (ArchiveUnreadable): never taken for a file that is gone."""
+    from cdc_apply.config import is_object_store_uri
+
+    if not is_object_store_uri(path):
+        return Path(path).exists()
+    from pyarrow import fs as pafs
+
+    from cdc_apply.archive.object_store import s3_filesystem, split_uri
+    from cdc_apply.errors import ArchiveUnreadable
+
+    try:
+        info = (filesystem or s3_filesystem()).get_file_info(split_uri(path)[1])
+        return bool(info.type != pafs.FileType.NotFound)
+    except OSError as exc:
+        raise ArchiveUnreadable(f"archive object {path} cannot be looked up: {type(exc).__name__}: {exc}") from exc
 
 
 def refuse_dangling(path: Path) -> None:

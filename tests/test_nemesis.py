@@ -99,7 +99,13 @@ def test_hostile_identifiers_are_refused_or_stored_exactly_and_inject_nothing(sp
 @pytest.mark.parametrize(
     "fault",
     # CI's sample: the redelivery (the one whose failure would double rows); the long run tries every kind
-    [pytest.param("rewrite-new-size", marks=pytest.mark.full), "redelivered", pytest.param("catalog-locked", marks=pytest.mark.full)],
+    [
+        pytest.param("rewrite-new-size", marks=pytest.mark.full),
+        "redelivered",
+        pytest.param("catalog-locked", marks=pytest.mark.full),
+        pytest.param("held-deleted", marks=pytest.mark.full),  # CI: test_transactions.py's held file gone
+        pytest.param("held-rewritten", marks=pytest.mark.full),
+    ],
 )
 def test_file_faults_are_refused_loudly_or_idempotent(spark, settings, tmp_path, fault):
     from tests.nemesis import faults

@@ -1,8 +1,10 @@
 """File faults on a source that applied the workload: an applied file
 rewritten (same size, new size), deleted, re-delivered under a new name, a
 file that cannot be read (a dangling link), the SQLite catalog locked by
-another process during a batch.  Each ends in a loud refusal naming the file
-or in a correct idempotent result — never a silent double apply or loss."""
+another process during a batch; and a file with held lines (a transaction
+torn across the hour) rewritten or deleted before its lines are released.
+Each ends in a loud refusal naming the file or in a correct idempotent
+result — never a silent double apply or loss."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from pathlib import Path
 from tests.nemesis.trial import Trial
 from tests.nemesis.workload import sources_yaml, write_workload
 
-FAULTS = ("rewrite-same-size", "rewrite-new-size", "deleted", "redelivered", "dangling-link", "catalog-locked")
+FAULTS = ("rewrite-same-size", "rewrite-new-size", "deleted", "redelivered", "dangling-link", "catalog-locked", "held-rewritten", "held-deleted")
+HELD_FAULTS = ("held-rewritten", "held-deleted")
+"""On the workload with transaction metadata: the first batch holds a torn transaction's lines (workload.py)."""
 
 
 def _rows(spark, settings, ns: str) -> dict[str, list[str]]:
@@ -29,11 +33,11 @@ def _rows(spark, settings, ns: str) -> dict[str, list[str]]:
     return out
 
 
-def _source(work: Path, name: str, seed: int, hours: int = 2):
+def _source(work: Path, name: str, seed: int, hours: int = 2, *, transactions: bool = False):
     from cdc_apply.config import Settings
 
     work.mkdir(parents=True, exist_ok=True)
-    write_workload(work / "archive" / name, seed, hours=hours, per_hour=10, transactions=False)
+    write_workload(work / "archive" / name, seed, hours=hours, per_hour=10, transactions=transactions)
     (work / "sources.yaml").write_text(sources_yaml(name, name))
     os.environ["CDC_SOURCES_FILE"] = str(work / "sources.yaml")
     return Settings.from_env()
@@ -53,7 +57,8 @@ def fault_trial(spark, settings, work: Path, fault: str, seed: int = 5) -> Trial
     trial = Trial("faults", fault)
     t0 = time.time()
     name = f"fault_{fault.replace('-', '_')}_{seed}"
-    settings = _source(work, name, seed)
+    transactions = fault in HELD_FAULTS
+    settings = _source(work, name, seed, transactions=transactions)
     root = work / "archive" / name
     hours = sorted(p for p in root.glob("2026/01/01/*"))
     later = hours[-1]
@@ -110,9 +115,33 @@ def fault_trial(spark, settings, work: Path, fault: str, seed: int = 5) -> Trial
         (later / "dangling.jsonl").unlink()
     elif fault == "catalog-locked":
         _locked(spark, settings, trial, attempt)
-    _converges(spark, settings, work, name, root, fault, trial, attempt)
+    elif fault in HELD_FAULTS:
+        _held_fault(fault, first.held_files, trial, attempt)
+    _converges(spark, settings, work, name, root, fault, trial, attempt, seed=seed, transactions=transactions)
     trial.seconds = time.time() - t0
     return trial
+
+
+def _held_fault(fault: str, held_files: list[str], trial: Trial, attempt) -> None:
+    """A file with held lines rewritten (a line added) or deleted before the
+    next batch: refused naming it, batch after batch; then put back."""
+    if not held_files:
+        trial.problems.append("the first batch held nothing: the fault has no held file to act on")
+        return
+    path = Path(held_files[0])
+    original = path.read_bytes()
+    if fault == "held-rewritten":
+        path.write_bytes(original + original.splitlines(keepends=True)[0])
+    else:
+        path.unlink()
+    for i in range(2):  # every batch, not only the first after the fault
+        res, exc = attempt(f"{fault} {i}")
+        refused = exc is not None if fault == "held-rewritten" else res is not None and res.status == "failed"
+        told = str(exc) if exc is not None else (res.message or "" if res is not None else "")
+        if not refused or str(path) not in told:
+            trial.problems.append(f"{fault}: the batch was not refused naming {path}: {res and res.status} {told[:300]}")
+        trial.figures["refused"] = trial.figures.get("refused", 0) + int(refused)
+    path.write_bytes(original)
 
 
 def _locked(spark, settings, trial: Trial, attempt) -> None:
@@ -136,7 +165,9 @@ def _locked(spark, settings, trial: Trial, attempt) -> None:
     trial.notes.append(f"while locked: {res.status if res else type(exc).__name__}")
 
 
-def _converges(spark, settings, work: Path, name: str, root: Path, fault: str, trial: Trial, attempt) -> None:
+def _converges(
+    spark, settings, work: Path, name: str, root: Path, fault: str, trial: Trial, attempt, *, seed: int, transactions: bool
+) -> None:
     """After the fault is gone (files back as delivered), reruns reach the
     state of a clean source that applied the same files in the same batches."""
     from cdc_apply import ledger
@@ -150,7 +181,7 @@ def _converges(spark, settings, work: Path, name: str, root: Path, fault: str, t
         return
     clean = f"{name}_clean"
     cwork = work / "clean"
-    s = _source(cwork, clean, 5)
+    s = _source(cwork, clean, seed, transactions=transactions)
     croot = cwork / "archive" / clean
     later = sorted(croot.glob("2026/01/01/*"))[-1]
     shutil.move(str(later), cwork / "later")

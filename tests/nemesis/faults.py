@@ -19,7 +19,16 @@ from pathlib import Path
 from tests.nemesis.trial import Trial
 from tests.nemesis.workload import sources_yaml, write_workload
 
-FAULTS = ("rewrite-same-size", "rewrite-new-size", "deleted", "redelivered", "dangling-link", "catalog-locked", "held-rewritten", "held-deleted")
+FAULTS = (
+    "rewrite-same-size",
+    "rewrite-new-size",
+    "deleted",
+    "redelivered",
+    "dangling-link",
+    "catalog-locked",
+    "held-rewritten",
+    "held-deleted",
+)
 HELD_FAULTS = ("held-rewritten", "held-deleted")
 """On the workload with transaction metadata: the first batch holds a torn transaction's lines (workload.py)."""
 

@@ -200,7 +200,7 @@ def project_setup(spark, settings, source: str, seed_path: Path, base_rows: int,
             from cdc_apply.apply import tables
 
             ident = project_table(settings, source)
-            spec = tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=[wl.KEY], columns=dict(wl.SPARK_TYPES))
+            spec = tables.TableSpec(identifier=ident, key_columns=[wl.KEY], columns=dict(wl.SPARK_TYPES))
             tables.create_table(spark, spec, source)
         except Exception as exc:  # the core changed: fall back to the seed batch
             print(f"[bench] tables.create_table failed ({type(exc).__name__}: {exc}); creating {source} through a seed batch", flush=True)
@@ -239,7 +239,7 @@ def _record_live_rows(spark, ident: str) -> None:
     from cdc_apply.apply import branches, tables
     from cdc_apply.apply.table import read_snapshot
 
-    spec = tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=[wl.KEY], columns=dict(wl.SPARK_TYPES))
+    spec = tables.TableSpec(identifier=ident, key_columns=[wl.KEY], columns=dict(wl.SPARK_TYPES))
     head = branches.branch_snapshot(spark, spec, "main")
     tables.record_live_rows(spark, ident, head, tables.live_rows(read_snapshot(spark, spec, head)))
 

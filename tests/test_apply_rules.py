@@ -249,7 +249,7 @@ def test_merge_reads_only_the_batch_key_range_in_either_write_mode(spark, settin
         "103": ("b", "2.00"),
     }
 
-    spec = tables.TableSpec(identifier=ident, short=f"{ns}.items", key_columns=["id"], columns=COLS)
+    spec = tables.TableSpec(identifier=ident, key_columns=["id"], columns=COLS)
     spark.sql(  # one net change, shaped as compact.merge_source
         "SELECT CAST(id AS int) AS id, 'x' AS name, CAST(1 AS decimal(10,2)) AS amount, array('name') AS _cdc_present, 'upsert' AS _cdc_action, "
         "map('name', '9') AS _cdc_cpos, CAST(NULL AS string) AS _cdc_delpos, '9' AS _cdc_pos, 'u' AS _cdc_op, current_timestamp() AS _cdc_commit_ts, CAST(NULL AS string) AS _cdc_tx_id, "
@@ -335,7 +335,7 @@ def test_a_batch_whose_changes_win_every_column_merges_without_reading_the_store
     check_model(spark, settings, ns, batches)
 
     ident = f"{settings.catalog_name}.{ns}.items"
-    spec = tables.TableSpec(identifier=ident, short=f"{ns}.items", key_columns=["id"], columns=COLS)
+    spec = tables.TableSpec(identifier=ident, key_columns=["id"], columns=COLS)
     spark.sql(  # a net change of key 1 labelled against a stored row that is not the stored one now
         "SELECT 1 AS id, 'x' AS name, CAST(9 AS decimal(10,2)) AS amount, array('name', 'amount') AS _cdc_present, 'upsert' AS _cdc_action, "
         f"map('name', '{99:020d}', 'amount', '{99:020d}') AS _cdc_cpos, CAST(NULL AS string) AS _cdc_delpos, '{99:020d}' AS _cdc_pos, "

@@ -25,7 +25,7 @@ def table(spark, settings):
         f"CREATE TABLE {ident} (id int, v string) USING iceberg TBLPROPERTIES ('format-version'='2', 'cdc.x'='1', 'write.merge.mode'='merge-on-read')"
     )
     spark.sql(f"INSERT INTO {ident} VALUES (1, 'a')")
-    spec = tables.TableSpec(ident, f"{NS}.items", ["id"], {"id": "int", "v": "string"})
+    spec = tables.TableSpec(ident, ["id"], {"id": "int", "v": "string"})
     start = branches.reset_branch(spark, spec, "audit_x")
     for n in (2, 3):
         with branches.snapshot_properties(spark, {branches.ATTEMPT_PROPERTY: "attempt-1"}):
@@ -138,7 +138,7 @@ def test_a_run_whose_branch_another_run_committed_on_meanwhile_does_not_own_it(s
     spark.sql(f"CREATE TABLE {ident} (id int, v string) USING iceberg TBLPROPERTIES ('format-version'='2')")
     if not empty:
         spark.sql(f"INSERT INTO {ident} VALUES (1, 'a')")
-    spec = tables.TableSpec(ident, f"{NS}.raced_{int(empty)}", ["id"], {"id": "int", "v": "string"})
+    spec = tables.TableSpec(ident, ["id"], {"id": "int", "v": "string"})
     main = branches.branch_snapshot(spark, spec, "main")
 
     def commit(attempt: str, key: int) -> None:
@@ -183,7 +183,7 @@ def test_a_branch_cut_after_another_run_published_the_batch_refuses_its_write(sp
     ident = f"{settings.catalog_name}.{NS}.published_meanwhile"
     spark.sql(f"CREATE TABLE {ident} (id int, v string) USING iceberg TBLPROPERTIES ('format-version'='2')")
     spark.sql(f"INSERT INTO {ident} VALUES (1, 'a')")
-    spec = tables.TableSpec(ident, f"{NS}.published_meanwhile", ["id"], {"id": "int", "v": "string"})
+    spec = tables.TableSpec(ident, ["id"], {"id": "int", "v": "string"})
     led = ledger.Ledger(settings)
     read = led.table_ledger(spec.short)
     f = ArchiveFile(hour=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), path="/archive/h1.jsonl", size=1, sha256="0" * 64)

@@ -69,7 +69,7 @@ def test_two_runs_quarantining_a_table_s_null_keys_at_once_never_double_them_nor
     for e in evs[:3]:
         e.after = {"name": "x"}  # no value for the key column
     rows = outcomes_decoded(spark, evs).frame
-    spec = tables.TableSpec(f"{settings.catalog_name}.krace.items", "krace.items", ["id"], {"id": "int", "name": "string"})
+    spec = tables.TableSpec(f"{settings.catalog_name}.krace.items", ["id"], {"id": "int", "name": "string"})
     ledger.Ledger(settings).ensure_audit_tables()
     target = f"{settings.catalog_name}.{settings.audit_namespace}.{ledger.QUARANTINE_TABLE}"
 

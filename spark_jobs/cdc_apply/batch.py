@@ -706,7 +706,7 @@ def validate_batch(
         if tr.status != Status.WRITTEN or (table is not None and tr.table != table):
             continue
         spark = spark or get_spark(settings, pool=result.source)
-        spec = tables.TableSpec(identifier=tr.table, short=tr.table.split(".", 1)[1], key_columns=tr.key_columns, columns={})
+        spec = tables.TableSpec(identifier=tr.table, key_columns=tr.key_columns, columns={})
         try:
             gx_result = _run_suites(settings, spark, spec, tr, result.id, ahead)
         except Exception as exc:  # GX or Spark broke, or another run took the branch: not a data verdict, may be retried

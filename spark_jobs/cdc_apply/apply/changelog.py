@@ -50,7 +50,7 @@ def identifier(table_identifier: str) -> str:
 
 def table_spec(ident: str) -> tables.TableSpec:
     """The change log ``ident`` as the branch and ledger helpers take a table (it has no key)."""
-    return tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=[], columns={})
+    return tables.TableSpec(identifier=ident, key_columns=[], columns={})
 
 
 def change_rows(events: DataFrame, batch_id: str, key_columns: list[str]) -> DataFrame:

@@ -103,7 +103,7 @@ def write(
     spark, batch_id = work.spark, work.batch_id
     ident = identifier(spec.identifier)
     ensure_table(spark, ident, spec, work.source.name)
-    hspec = tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=spec.key_columns, columns=spec.columns)
+    hspec = tables.TableSpec(identifier=ident, key_columns=spec.key_columns, columns=spec.columns)
     led = ledger.Ledger(work.settings).table_ledger(hspec.short)
     new = ledger.not_yet_applied(files, led.files if led else {}, ident)
     if not new:

@@ -483,7 +483,7 @@ def table_spec(
     missing = [k for k in key if k not in columns]
     if missing:
         raise ConfigError(f"table {name}: key column(s) {missing} are not among the message columns {list(columns)}")
-    return tables.TableSpec(identifier=ident, short=ident.split(".", 1)[1], key_columns=key, columns=columns)
+    return tables.TableSpec(identifier=ident, key_columns=key, columns=columns)
 
 
 def refuse_untyped(spark: SparkSession, settings: Settings, source: SourceConfig, meta: Any, events: DataFrame) -> None:

@@ -197,9 +197,13 @@ def widen(old: str, new: str, column: str) -> str:
 @dataclass
 class TableSpec:
     identifier: str  # catalog.namespace.table
-    short: str  # namespace.table (for procedures)
     key_columns: list[str]
     columns: dict[str, str]  # source columns in order -> Spark type
+
+    @property
+    def short(self) -> str:
+        """namespace.table: what procedures and the ledger (pyiceberg) name it by."""
+        return self.identifier.split(".", 1)[1]
 
     @property
     def live_view(self) -> str:

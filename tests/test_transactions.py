@@ -394,3 +394,40 @@ def test_a_held_file_gone_from_the_archive_fails_the_batch_naming_it_until_force
     assert not set(first["held_files"]) & set(state.get(HELD_KEY, {}))
     code, after = apply()  # the workload's last transaction never ends: its file is re-read, held again, nothing fails
     assert code == 0 and after["status"] == "complete" and GIVEN_UP not in after["messages"] and not after["failed_checks"], after
+
+
+def test_a_held_file_an_operator_skipped_is_no_longer_held(spark, settings, tmp_path, monkeypatch, capsys):
+    """An operator's skip marks the batch's files applied, a held file among
+    them: its held lines are given up with it, so no status counts them as
+    held and the file may then leave the archive without failing a batch."""
+    import shutil
+
+    from cdc_apply import cli
+    from tests.nemesis.workload import sources_yaml, write_workload
+
+    name = "held_skipped"
+    root = tmp_path / "archive"
+    write_workload(root, seed=12, hours=2, per_hour=6)
+    (tmp_path / "sources.yaml").write_text(sources_yaml(name, name))
+    monkeypatch.setenv("CDC_SOURCES_FILE", str(tmp_path / "sources.yaml"))
+    hour1 = root / "2026/01/01/01"
+    shutil.move(hour1, tmp_path / "later")
+
+    def apply(*extra: str) -> dict:
+        cli.main(["apply", "--source", name, "--dir", str(root), *extra])
+        return json.loads(capsys.readouterr().out)
+
+    first = apply()
+    assert first["status"] == "complete" and first["held_files"], first
+    shutil.move(tmp_path / "later", hour1)
+    skipped = apply("--override", "skip", "--override-reason", "replayed elsewhere")
+    assert skipped["status"] == "skipped" and set(first["held_files"]) <= {f["path"] for f in skipped["files"]}, skipped
+    assert cli.main(["status", "--source", name]) == 0
+    holding = json.loads(capsys.readouterr().out)[0]
+    assert (holding["held_messages"], holding["held_files"]) == (0, 0), holding
+    for path in first["held_files"]:
+        Path(path).unlink()
+    lines = (hour1 / "part-0.jsonl").read_text().splitlines()
+    (hour1 / "part-9.jsonl").write_text(next(line for line in lines if '"op": "c"' in line or '"op":"c"' in line) + "\n")
+    after = apply()  # a new file: a batch runs, and the skipped held file gone is no failure
+    assert after["status"] == "complete" and not after["failed_checks"], after

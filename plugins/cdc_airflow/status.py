@@ -33,11 +33,11 @@ def table_status(settings) -> list[dict[str, Any]]:
         else:
             pending_error = None
         rows = ledger.batch_rows(src.name)
-        state = ledger.latest_decoder_state(src.name, rows)
+        state, applied = ledger.latest_decoder_state(src.name, rows), ledger.applied_file_records(src.name)
         try:
-            holding = held.summary(state, archive_file_exists)
+            holding = held.summary(state, applied, archive_file_exists)
         except Exception as exc:  # an archive that cannot be asked: the page says so
-            holding = {**held.summary(state, lambda _: True), "held_files_gone": None}
+            holding = {**held.summary(state, applied, lambda _: True), "held_files_gone": None}
             pending_error = pending_error or f"{type(exc).__name__}: {exc}"
         for ident in idents:
             full = f"{settings.catalog_name}.{ident}"

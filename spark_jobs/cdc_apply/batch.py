@@ -253,7 +253,7 @@ def apply_decoded(
     state = dict(ledger.Ledger(settings).latest_decoder_state(source.name) if decoder_state is None else decoder_state)
     result.started_at = dt.datetime.now(dt.UTC).isoformat()
     result.stage = "write"
-    given_up = _held_files_gone(result, state, files)
+    given_up = _held_files_gone(settings, result, state, files)
     if given_up is None:
         return result
     with contextlib.ExitStack() as own:
@@ -296,12 +296,17 @@ GIVEN_UP = "given-up:held-file-gone"
 gone from the archive, given up by an operator's *force* (``_held_files_gone``)."""
 
 
-def _held_files_gone(result: BatchResult, state: dict[str, Any], files: list[ArchiveFile]) -> int | None:
+def _held_files_gone(settings: Settings, result: BatchResult, state: dict[str, Any], files: list[ArchiveFile]) -> int | None:
     """Files an earlier batch held messages of, gone from the archive since
     (``held.gone``): the batch fails, naming them, since their messages would
     otherwise wait unseen for ever; an operator's *force* gives them up
     (their records leave the source state, their count is the result's
-    ``GIVEN_UP``).  Returns the messages given up, None when the batch fails."""
+    ``GIVEN_UP``).  A held file an operator's skip marked applied is held no
+    longer (``held.forget_applied``).  Returns the messages given up, None
+    when the batch fails."""
+    if held.unread(state, files):  # rare: only then is the ledger asked
+        for path in held.forget_applied(state, ledger.Ledger(settings).applied_file_records(result.source)):
+            log.info("batch %s: %s is applied (an operator's skip): its held lines are held no longer", result.batch_id, path)
     lost = held.gone(state, files, archive_file_exists)
     if not lost:
         return 0

@@ -146,7 +146,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             idents = []
         if args.table:
             idents = [i for i in idents if i == args.table or i.endswith("." + args.table)]
-        holding = held.summary(led.latest_decoder_state(src.name), archive_file_exists)
+        holding = held.summary(led.latest_decoder_state(src.name), led.applied_file_records(src.name), archive_file_exists)
         for ident in sorted(idents):
             tled = led.table_ledger(ident)
             table = catalog.load_table(ident)

@@ -74,19 +74,38 @@ def messages(record: dict[str, Any]) -> int:
     return sum(hi - lo + 1 for lo, hi in record["lines"])
 
 
+def unread(state: dict[str, Any], files: Iterable[Any]) -> list[str]:
+    """The held files a batch of ``files`` does not read."""
+    read = {f.path for f in files}
+    return [p for p in state.get(HELD_KEY) or {} if p not in read]
+
+
+def forget_applied(state: dict[str, Any], applied: Iterable[str]) -> list[str]:
+    """Drop the records of held files the ledger holds as applied (an
+    operator's skip marked them so, held lines and all); returns their paths."""
+    records = state.get(HELD_KEY) or {}
+    done = sorted(set(records) & set(applied))
+    if done:
+        state[HELD_KEY] = {p: rec for p, rec in records.items() if p not in done}
+    return done
+
+
 def gone(state: dict[str, Any], files: Iterable[Any], exists: Callable[[str], bool]) -> dict[str, dict[str, Any]]:
     """The held files (path -> record) that the batch does not read and the
     archive no longer has (``exists``: ``archive.listing.archive_file_exists``).
     A held file the batch leaves out but the archive still has (outside the
     batch's hours, past its ``max_files``) waits for a later batch."""
-    read = {f.path for f in files}
-    return {p: rec for p, rec in (state.get(HELD_KEY) or {}).items() if p not in read and not exists(p)}
+    records = state.get(HELD_KEY) or {}
+    return {p: records[p] for p in unread(state, files) if not exists(p)}
 
 
-def summary(state: dict[str, Any], exists: Callable[[str], bool]) -> dict[str, Any]:
+def summary(state: dict[str, Any], applied: Iterable[str], exists: Callable[[str], bool]) -> dict[str, Any]:
     """What a source holds, for the status an operator reads (``cdc status``,
     the UI's table page): held messages and files, the oldest ``since``, and
-    the held files gone from the archive (``gone``: the next batch fails)."""
+    the held files gone from the archive (``gone``: the next batch fails).
+    ``applied``: the ledger's applied files (``forget_applied``)."""
+    state = dict(state)
+    forget_applied(state, applied)
     records = state.get(HELD_KEY) or {}
     return {
         "held_messages": sum(messages(rec) for rec in records.values()),

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc_apply import ledger
+from cdc_apply.apply import held
 from cdc_apply.apply.compact import quote
 from cdc_apply.apply.tables import existing_schema, sql_string, table_properties
 from cdc_apply.archive.files import ArchiveFile
@@ -48,11 +49,16 @@ def rebuild_source(source: SourceConfig) -> SourceConfig:
 
 def replay_files(settings: Settings, source: SourceConfig) -> list[ArchiveFile]:
     """The files of the source's complete batches (not those an operator
-    skipped: they were never applied), found in the archive; a recorded file
-    missing from it refuses the rebuild (it cannot be replayed)."""
+    skipped: they were never applied), and the files it holds lines of
+    (applied but for those: ``held.py``), found in the archive; a recorded
+    file missing from it refuses the rebuild (it cannot be replayed)."""
     led = ledger.Ledger(settings)
-    rows = [r for r in led.batch_rows(source.name) if r["table_name"] == "*" and r["status"] == Status.COMPLETE]
-    recorded = {f["path"]: (f["size"], f["sha256"]) for r in rows for f in r["files"] or []}
+    rows = led.batch_rows(source.name)
+    complete = [r for r in rows if r["table_name"] == "*" and r["status"] == Status.COMPLETE]
+    recorded = {f["path"]: (f["size"], f["sha256"]) for r in complete for f in r["files"] or []}
+    holding = led.latest_decoder_state(source.name, rows).get(held.HELD_KEY) or {}
+    # a held record keeps no size: such a file is read and hashed, then checked as the others
+    recorded |= {path: (-1, rec["sha256"]) for path, rec in holding.items() if path not in recorded}
     found = [f for f in list_files(source.archive_path(settings), known=recorded) if f.path in recorded]
     missing = sorted(set(recorded) - {f.path for f in found})
     if missing:
@@ -100,10 +106,15 @@ def replay(spark: SparkSession, settings: Settings, source: SourceConfig, table:
     rb = rebuild_source(source)
     reset(spark, settings, rb)
     force = Override.parse("force", "rebuild from zero: compared with the live tables afterwards", "cdc rebuild")
-    for files in by_hour(replay_files(settings, source)):
-        result = run_batch(settings, rb, files, spark=spark, table_filter=table_filter(source, table) if table else None, override=force)
+    found = replay_files(settings, source)
+    holding: list[ArchiveFile] = []
+    for files in by_hour(found):
+        # as discovery offers them: a file with held lines again, until they are released
+        batch = sorted(set(files) | set(holding))
+        result = run_batch(settings, rb, batch, spark=spark, table_filter=table_filter(source, table) if table else None, override=force)
         if result.status != Status.COMPLETE:
             raise CdcError(f"rebuild of {source.name}: batch {result.batch_id} {result.status}: {result.message}")
+        holding = [f for f in batch if f.path in set(result.held_files)]
     return rb
 
 

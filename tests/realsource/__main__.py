@@ -44,7 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     from cdc_apply.config import Settings
     from cdc_apply.runtime.session import get_spark
     from tests.apply_harness import state_read
-    from tests.realsource.conformance import apply_in_order, apply_late_hour, capture_seed, mismatch_classes, report
+    from tests.realsource.conformance import (
+        apply_in_order,
+        apply_late_hour,
+        capture_seed,
+        mismatch_classes,
+        rebuild_differences,
+        report,
+    )
 
     settings = Settings.from_env()
     spark = get_spark(settings, app_name="cdc-realsource")
@@ -61,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 apply_in_order(spark, settings, cap, f"rs_inorder_{seed}", work),
                 apply_late_hour(spark, settings, cap, f"rs_late_{seed}", work, late=seed % (len(cap.hours) - 1)),
             ]
+        results[0].problems += rebuild_differences(spark, settings, f"rs_inorder_{seed}", work)
         for res in results:
             classes = mismatch_classes(res, cap)
             for kind, ms in classes.items():

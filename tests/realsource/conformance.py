@@ -228,6 +228,25 @@ def apply_in_order(spark: Any, settings: Any, cap: Capture, name: str, folder: P
     return res
 
 
+def rebuild_differences(spark: Any, settings: Any, name: str, folder: Path) -> list[str]:
+    """``cdc rebuild`` of a source ``apply_in_order`` applied: replayed from
+    zero, one batch per hour, every table, change log and history compared
+    with the live one; returns what differs (nothing when all are equal)."""
+    from cdc_apply.config import get_source
+    from cdc_apply.rebuild import rebuild
+
+    s = dataclasses.replace(settings, sources_file=folder / f"{name}.yaml")
+    reports = rebuild(spark, s, get_source(s, name))
+    if not reports:
+        return [f"rebuild of {name}: no table compared"]
+    return [
+        f"rebuild of {name}: {r['table']} differs: live {r['fingerprint_live']}, rebuilt {r['fingerprint_rebuilt']}, "
+        f"only live {r.get('only_live')}, only rebuilt {r.get('only_rebuilt')}"
+        for r in reports
+        if not r["equal"]
+    ]
+
+
 def apply_late_hour(spark: Any, settings: Any, cap: Capture, name: str, folder: Path, late: int) -> VariantResult:
     """Hour ``late``'s folder appears only after every later hour was applied; compare at the end."""
     s = source_settings(settings, name, folder)

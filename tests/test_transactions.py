@@ -344,18 +344,20 @@ def test_a_held_file_gone_from_the_archive_fails_the_batch_naming_it_until_force
 
     from cdc_apply import cli, ledger
     from cdc_apply.batch import GIVEN_UP
+    from cdc_apply.config import Settings, get_source
     from tests.nemesis.workload import sources_yaml, write_workload
 
     name = "held_gone"
-    root = tmp_path / "archive"
-    write_workload(root, seed=11, hours=2, per_hour=6)  # hour 0's last items transaction ends in hour 1's file
     (tmp_path / "sources.yaml").write_text(sources_yaml(name, name))
     monkeypatch.setenv("CDC_SOURCES_FILE", str(tmp_path / "sources.yaml"))
+    s = Settings.from_env()
+    root = Path(get_source(s, name).archive_path(s))
+    write_workload(root, seed=11, hours=2, per_hour=6)  # hour 0's last items transaction ends in hour 1's file
     hour1 = root / "2026/01/01/01"
     shutil.move(hour1, tmp_path / "later")
 
     def apply(*extra: str) -> tuple[int, dict]:
-        code = cli.main(["apply", "--source", name, "--dir", str(root), *extra])
+        code = cli.main(["apply", "--source", name, *extra])
         return code, json.loads(capsys.readouterr().out)
 
     code, first = apply()
@@ -374,6 +376,10 @@ def test_a_held_file_gone_from_the_archive_fails_the_batch_naming_it_until_force
         assert rows and all(h == held_of[0] for h in held_of)  # the source's, on each of its tables' rows
         return held_of[0]
 
+    assert cli.main(["pending", "--source", name]) == 0
+    pending = capsys.readouterr().out.splitlines()
+    for path in first["held_files"]:  # pending, and saying why
+        assert [line for line in pending if path in line and "held message(s), since " in line], pending
     holding = status()  # per table row, the source's held messages
     assert (holding["held_messages"], holding["held_files"], holding["held_files_gone"]) == (held_count, len(first["held_files"]), [])
     for path in first["held_files"]:

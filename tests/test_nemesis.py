@@ -69,6 +69,7 @@ def test_kill_9_of_the_dags_publish_after_its_fast_forward_then_retry_equals_the
     assert trial.figures["killed"] == 1, trial.line()
 
 
+@pytest.mark.full  # CI's sample: test_probe_concurrency.py's two applies of one batch at once
 def test_two_applies_of_one_batch_at_once_converge(baseline):
     from tests.nemesis import races
 

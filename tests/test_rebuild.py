@@ -126,6 +126,7 @@ def test_rebuild_table_takes_the_source_name_bare_or_qualified_or_the_mapped_tar
         assert not any(re.search(pattern, m) for m in misses), (arg, pattern)
 
 
+@pytest.mark.full  # CI's sample: test_realsource_postgres.py's rebuild of a real capture, transactions torn by the hour
 def test_rebuild_of_a_source_whose_transactions_are_torn_across_hours_equals_the_live_tables(
     spark, settings, tmp_path, monkeypatch, capsys
 ):

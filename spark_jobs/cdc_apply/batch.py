@@ -246,10 +246,9 @@ def apply_decoded(
     the latest from the ledger.  ``gate_ahead``: the caller validates next,
     with it (``validate_batch``).  ``scope``: where the batch's small-batch
     conf (``spark_conf.small_batch_conf``) is given back; by default when
-    this returns, as the cached decode is released.  ``known``: the
-    decoded rows per (status, reason) and the batch's tables, when the
-    decode counted them (``stage.Decoded.counts`` and ``tables``).
-    """
+    this returns, as the cached decode is released.  ``known``: the decoded
+    rows per (status, reason) and the batch's tables, when the decode counted
+    them (``stage.Decoded.counts`` and ``tables``)."""
     state = dict(ledger.Ledger(settings).latest_decoder_state(source.name) if decoder_state is None else decoder_state)
     result.started_at = dt.datetime.now(dt.UTC).isoformat()
     result.stage = "write"
@@ -268,23 +267,19 @@ def apply_decoded(
             # the decode's own census holds while no line was set apart above
             status_counts, table_meta = _count_messages(kept, result, known if kept is raw else (None, None), whole=kept is raw)
             decoded = kept
-        if given_up:
-            result.messages[GIVEN_UP] = given_up
         (own if scope is None else scope).enter_context(spark_conf.small_batch_conf(spark, settings, result.messages["read"]))
         _refuse_config(source, status_counts, decoded)
-        _carry_held(decoded, result, state, files)
+        _carry_held(decoded, result, state, files, given_up)
         if not dry_run and result.messages.get("quarantined", 0):
             _record_quarantine(spark, settings, source, result.id, decoded)
         if _quarantine_over_limit(settings, source, result):
             return result
         events = decoded.where("status = 'event'")
         if table_filter:
-            events = events.where(F.col("table_name").rlike(table_filter))
+            events, table_meta = events.where(F.col("table_name").rlike(table_filter)), None
         # a table's column declaration rides on one event per decode batch, which may
         # be a line held (an incomplete transaction) or applied before (census.table_meta)
         declared = raw.where("status = 'event' AND columns IS NOT NULL")
-        if table_filter:
-            table_meta = None
         _apply_tables(spark, settings, source, result, files, events, state, dry_run, linked, declared, gate_ahead, table_meta)
         result.source_state = state
         result.fail_if_any()
@@ -436,9 +431,12 @@ def _count_messages(
     return status_counts, table_meta
 
 
-def _carry_held(decoded: DataFrame, result: BatchResult, state: dict[str, Any], files: list[ArchiveFile]) -> None:
+def _carry_held(decoded: DataFrame, result: BatchResult, state: dict[str, Any], files: list[ArchiveFile], given_up: int = 0) -> None:
     """Record the held lines of each file in the source state (``held.py``):
-    the file stays unapplied until they are."""
+    the file stays unapplied until they are; and count the held messages
+    given up (``_held_files_gone``)."""
+    if given_up:
+        result.messages[GIVEN_UP] = given_up
     held_lines: dict[str, list[int]] = {}
     if result.messages.get("held"):  # a Spark job only when something is held
         for r in decoded.where("status = 'held'").select("file", "line").collect():

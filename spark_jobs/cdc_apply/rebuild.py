@@ -106,15 +106,15 @@ def replay(spark: SparkSession, settings: Settings, source: SourceConfig, table:
     rb = rebuild_source(source)
     reset(spark, settings, rb)
     force = Override.parse("force", "rebuild from zero: compared with the live tables afterwards", "cdc rebuild")
-    found = replay_files(settings, source)
     holding: list[ArchiveFile] = []
-    for files in by_hour(found):
+    for files in by_hour(replay_files(settings, source)):
         # as discovery offers them: a file with held lines again, until they are released
         batch = sorted(set(files) | set(holding))
         result = run_batch(settings, rb, batch, spark=spark, table_filter=table_filter(source, table) if table else None, override=force)
         if result.status != Status.COMPLETE:
             raise CdcError(f"rebuild of {source.name}: batch {result.batch_id} {result.status}: {result.message}")
-        holding = [f for f in batch if f.path in set(result.held_files)]
+        held_paths = set(result.held_files)
+        holding = [f for f in batch if f.path in held_paths]
     return rb
 
 

@@ -56,9 +56,9 @@ class VariantResult:
     comparisons: int = 0
     skipped_torn: int = 0
     transactions_held: int = 0
+    """Lines of transactions held because the hour's files had only part of them."""
     held_lines: dict[str, Any] = field(default_factory=dict)
     """The source state's held files after the last batch (``held.HELD_KEY``)."""
-    """Lines of transactions held because the hour's files had only part of them."""
     messages: dict[str, int] = field(default_factory=dict)
     tombstone_lines: int = 0
     batch_seconds: list[float] = field(default_factory=list)

@@ -52,6 +52,7 @@ def test_the_clean_run_ends_holding_the_transaction_that_never_ends(baseline):
     assert applied < archive, (sorted(archive), sorted(applied))
 
 
+@pytest.mark.full  # CI's sample: the DAG's publish killed below, and test_probe_apply.py's kills at fixed points
 def test_kill_9_of_the_cli_at_a_random_instant_then_rerun_equals_the_clean_run(baseline):
     from tests.nemesis import kills
 

@@ -15,7 +15,7 @@ def table_status(settings) -> list[dict[str, Any]]:
     from cdc_apply.archive.listing import archive_file_exists
     from cdc_apply.batch import pending_files
     from cdc_apply.config import load_sources
-    from cdc_apply.ledger import DERIVED_PROPERTIES, Ledger
+    from cdc_apply.ledger import DERIVED_PROPERTIES, Ledger, applied_file_records_of
 
     ledger = Ledger(settings)
     catalog = ledger.catalog
@@ -26,14 +26,14 @@ def table_status(settings) -> list[dict[str, Any]]:
             idents = sorted(f"{src.namespace}.{name}" for _, name in catalog.list_tables(src.namespace))
         except Exception:  # the namespace does not exist yet: nothing applied
             idents = []
+        rows = ledger.batch_rows(src.name)  # read once: the applied files and the held ones come from them
+        state, applied = ledger.latest_decoder_state(src.name, rows), applied_file_records_of(rows)
         try:
-            pending = pending_files(settings, src)
+            pending = pending_files(settings, src, records=applied)
         except Exception as exc:  # an unreadable archive: say so on the page
             pending, pending_error = [], f"{type(exc).__name__}: {exc}"
         else:
             pending_error = None
-        rows = ledger.batch_rows(src.name)
-        state, applied = ledger.latest_decoder_state(src.name, rows), ledger.applied_file_records(src.name)
         try:
             holding = held.summary(state, applied, archive_file_exists)
         except Exception as exc:  # an archive that cannot be asked: the page says so

@@ -66,12 +66,15 @@ def pending_files(
     root: str | Path | None = None,
     until: dt.datetime | None = None,
     since: dt.datetime | None = None,
+    records: dict[str, tuple[int, str]] | None = None,
 ) -> list[ArchiveFile]:
     """Files of the source not yet applied (oldest first), under ``root``
     (default: the source's archive folder); refuses applied files that changed
     — by size (their recorded SHA-256 is reused while the size is unchanged),
-    or by SHA-256 with ``CDC_VERIFY_APPLIED=sha256``."""
-    records = ledger.Ledger(settings).applied_file_records(source.name)
+    or by SHA-256 with ``CDC_VERIFY_APPLIED=sha256``.  ``records``: the
+    ledger's applied files, when the caller has read them."""
+    if records is None:
+        records = ledger.Ledger(settings).applied_file_records(source.name)
     known = records if settings.verify_applied == "size" else None
     files = list_files(source.archive_path(settings) if root is None else root, until=until, since=since, known=known)
     return ledger.not_yet_applied(files, ledger.sha256_by_path(records), f"source {source.name}")
@@ -297,10 +300,10 @@ def _held_files_gone(settings: Settings, result: BatchResult, state: dict[str, A
     otherwise wait unseen for ever; an operator's *force* gives them up
     (their records leave the source state, their count is the result's
     ``GIVEN_UP``).  A held file an operator's skip marked applied is held no
-    longer (``held.forget_applied``).  Returns the messages given up, None
+    longer (``held.forget``).  Returns the messages given up, None
     when the batch fails."""
     if held.unread(state, files):  # rare: only then is the ledger asked
-        for path in held.forget_applied(state, ledger.Ledger(settings).applied_file_records(result.source)):
+        for path in held.forget(state, ledger.Ledger(settings).applied_file_records(result.source)):
             log.info("batch %s: %s is applied (an operator's skip): its held lines are held no longer", result.batch_id, path)
     lost = held.gone(state, files, archive_file_exists)
     if not lost:
@@ -316,7 +319,7 @@ def _held_files_gone(settings: Settings, result: BatchResult, state: dict[str, A
     result.failed_checks.append(f"held_file_gone(files={len(lost)}, messages={n})")  # forced: recorded as let through
     if override is not None and override.action == "force":
         log.warning("batch %s: giving up %d held message(s): %s -- %s", result.batch_id, n, what, override.describe())
-        state[held.HELD_KEY] = {p: rec for p, rec in state[held.HELD_KEY].items() if p not in lost}
+        held.forget(state, lost)
         return n
     result.status = Status.FAILED
     result.message = (

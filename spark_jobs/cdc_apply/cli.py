@@ -153,7 +153,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             idents = []
         if args.table:
             idents = [i for i in idents if i == args.table or i.endswith("." + args.table)]
-        holding = held.summary(led.latest_decoder_state(src.name), led.applied_file_records(src.name), archive_file_exists)
+        rows = led.batch_rows(src.name)  # read once: the state and the applied files both come from them
+        holding = held.summary(led.latest_decoder_state(src.name, rows), ledger.applied_file_records_of(rows), archive_file_exists)
         for ident in sorted(idents):
             tled = led.table_ledger(ident)
             table = catalog.load_table(ident)

@@ -164,6 +164,17 @@ def sha256_by_path(records: dict[str, tuple[int, str]]) -> dict[str, str]:
     return {path: sha for path, (_, sha) in records.items()}
 
 
+def applied_file_records_of(rows: list[dict[str, Any]]) -> dict[str, tuple[int, str]]:
+    """``Ledger.applied_file_records`` from batch rows a caller already read
+    (``Ledger.batch_rows``): the files of the complete and skipped batches."""
+    out: dict[str, tuple[int, str]] = {}
+    for r in rows:
+        if r["table_name"] == "*" and r["status"] in APPLIED_STATUSES:
+            for f in r["files"] or []:
+                out[f["path"]] = (f["size"], f["sha256"])
+    return out
+
+
 def not_yet_applied(files: list[Any], applied: Mapping[str, str], scope: str) -> list[Any]:
     """The files (``ArchiveFile``s) not in ``applied`` (path -> SHA-256), in
     order.  An applied file whose content changed since is refused, naming
@@ -422,16 +433,12 @@ class Ledger:
         rows = (
             table.scan(
                 row_filter=And(_eq("source", source), And(_eq("table_name", "*"), _isin("status", APPLIED_STATUSES))),
-                selected_fields=("files",),
+                selected_fields=("table_name", "status", "files"),
             )
             .to_arrow()
             .to_pylist()
         )
-        out: dict[str, tuple[int, str]] = {}
-        for r in rows:
-            for f in r["files"] or []:
-                out[f["path"]] = (f["size"], f["sha256"])
-        return out
+        return applied_file_records_of(rows)
 
     def latest_decoder_state(self, source: str, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The source state the last complete batch carried on (``rows``: the

@@ -80,11 +80,12 @@ def unread(state: dict[str, Any], files: Iterable[Any]) -> list[str]:
     return [p for p in state.get(HELD_KEY) or {} if p not in read]
 
 
-def forget_applied(state: dict[str, Any], applied: Iterable[str]) -> list[str]:
-    """Drop the records of held files the ledger holds as applied (an
-    operator's skip marked them so, held lines and all); returns their paths."""
+def forget(state: dict[str, Any], paths: Iterable[str]) -> list[str]:
+    """Drop the records of these held files: the ledger holds them as applied
+    (an operator's skip marked them so, held lines and all), or an operator's
+    force gave up their messages (``gone``); returns the paths dropped."""
     records = state.get(HELD_KEY) or {}
-    done = sorted(set(records) & set(applied))
+    done = sorted(set(records) & set(paths))
     if done:
         state[HELD_KEY] = {p: rec for p, rec in records.items() if p not in done}
     return done
@@ -103,9 +104,9 @@ def summary(state: dict[str, Any], applied: Iterable[str], exists: Callable[[str
     """What a source holds, for the status an operator reads (``cdc status``,
     the UI's table page): held messages and files, the oldest ``since``, and
     the held files gone from the archive (``gone``: the next batch fails).
-    ``applied``: the ledger's applied files (``forget_applied``)."""
+    ``applied``: the ledger's applied files (``forget``)."""
     state = dict(state)
-    forget_applied(state, applied)
+    forget(state, applied)
     records = state.get(HELD_KEY) or {}
     return {
         "held_messages": sum(messages(rec) for rec in records.values()),

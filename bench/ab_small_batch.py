@@ -15,6 +15,8 @@ broadcast threshold as the code raises it (``now``:
 ``runtime.spark_conf.MERGE_BROADCAST_BYTES``) and not raised (``before``).
 With ``--switch merge-bloom`` (step 20): the MERGE's runtime Bloom filter
 bounds (``runtime.spark_conf.MERGE_RUNTIME_FILTER_CONF``) or Spark's own.
+With ``--switch reconcile-count`` (step 54): the reconciliation's live-row
+count beside its key checks (``apply.table._write``), or before them.
 
 Per batch: wall time of ``run_batch`` and the number of Spark jobs.  Targets
 are not judged here: ``bench.run`` is the benchmark (its hourly figures are
@@ -37,7 +39,26 @@ from bench import contenders as C
 from bench import workload as wl
 
 VARIANTS = ("now", "before")
-SWITCHES = ("small-batch", "merge-broadcast", "merge-bloom")
+SWITCHES = ("small-batch", "merge-broadcast", "merge-bloom", "reconcile-count")
+
+
+class _Inline:
+    """``runtime.background.Background`` run on the caller's thread, at once."""
+
+    def __init__(self, _spark: Any, fn: Any, _name: str) -> None:
+        self._value, self._error = None, None
+        try:
+            self._value = fn()
+        except BaseException as exc:
+            self._error = exc
+
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def wait(self) -> None:
+        pass
 
 
 def _switch(name: str, on: bool, now: dict[str, Any]) -> None:
@@ -48,6 +69,11 @@ def _switch(name: str, on: bool, now: dict[str, Any]) -> None:
     if name == "small-batch":
         spark_conf.SMALL_BATCH_MESSAGES = now["messages"] if on else 0
         gate.RESULT_FORMATS = now["formats"] if on else ("SUMMARY",)
+    elif name == "reconcile-count":
+        from cdc_apply.apply import table
+        from cdc_apply.runtime.background import Background
+
+        table.Background = Background if on else _Inline  # type: ignore[misc]
     elif name == "merge-broadcast":
         spark_conf.MERGE_BROADCAST_BYTES = now["broadcast"] if on else 0
     else:
@@ -103,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"{v}: {res.status} {res.message}")
             time.sleep(1.0)  # the UI's listener catches up
             jobs = C.spark_jobs_profile(spark, group, seconds).get("jobs")
-            print(f"[ab] batch {i} -> {v}: {seconds:.2f}s, {jobs} jobs", flush=True)
+            phase = res.tables[0].seconds.get("reconcile") if res.tables else None
+            print(f"[ab] batch {i} -> {v}: {seconds:.2f}s, {jobs} jobs, reconcile phase {phase}s", flush=True)
             if i:
-                results[v].append({"seconds": round(seconds, 2), "spark_jobs": jobs})
+                results[v].append({"seconds": round(seconds, 2), "spark_jobs": jobs, "reconcile_seconds": phase})
     summary = C.ab_summary(results)
     if args.out:
         Path(args.out).write_text(json.dumps({"params": vars(args), "summary": summary}, indent=1))

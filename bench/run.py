@@ -531,6 +531,8 @@ def _run(args: argparse.Namespace, workdir: Path, say, t_start: float) -> int:
             say(f"project, next batch: {res['project_next']['events_per_s']:.0f} events/s ({pn['seconds']:.1f}s)")
             if len(next_batches) > 1:
                 res["project_steady"] = _steady(spark, settings, next_batches[1:])
+                if args.profile:  # every later batch's jobs together
+                    out["project_steady_profile"] = C.spark_jobs_profile(spark, "project_steady:bench")
                 say(
                     f"project, steady state: {res['project_steady']['events_per_s']:.0f} events/s ({res['project_steady']['seconds']:.1f}s)"
                 )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -264,7 +265,7 @@ def _rows(cond: Column) -> Column:
 def reconcile(
     branch: DataFrame,
     base_live: int,
-    live_after: int,
+    live_after: int | Callable[[], int],
     folded: DataFrame,
     key_columns: list[str],
     counts: dict[str, int],
@@ -274,14 +275,11 @@ def reconcile(
     """CDC reconciliation of the batch; returns the names of failed checks.
 
     ``base_live`` and ``live_after``: the live rows before and after the batch
-    (the caller's counts of the whole table, each kept for the next batch); the
-    other checks join the batch's keys (broadcast while few enough) with the
+    (the caller's counts of the whole table, each kept for the next batch);
+    ``live_after`` may be how to get it, asked for after the other checks (a
+    count running beside them, ``table._write``).  The other checks join the batch's keys (broadcast while few enough) with the
     branch and ``main``, whose scans ``key_filter`` prunes to the batch's key
     ranges (``merge.key_ranges_filter``): they cost what the batch costs."""
-    failed = []
-    expected = base_live + counts["inserted"] - counts["deleted"]
-    if live_after != expected:
-        failed.append(f"reconcile_live_row_count(expected={expected}, got={live_after})")
     keys = [quote(k) for k in key_columns]
     batch_keys = folded.select(*keys)
     if counts.get("keys", 0) <= compact.BROADCAST_ROWS_MAX:
@@ -314,6 +312,10 @@ def reconcile(
         )
         .collect()[0]
     )
+    failed = []
+    expected, got = base_live + counts["inserted"] - counts["deleted"], live_after if isinstance(live_after, int) else live_after()
+    if got != expected:
+        failed.append(f"reconcile_live_row_count(expected={expected}, got={got})")
     checks = {
         "duplicated": "reconcile_key_unique(keys={})",
         "regressed": "reconcile_no_position_regression(rows={})",

@@ -383,10 +383,16 @@ def _write(
         # reconciliation needs the folded batch: computed now, judged by the gate
         with _phase(spark, tr, "reconcile"):
             written = read_snapshot(spark, spec, tr.branch_snapshot)
-            live_after = tables.live_rows(written)
-            keys = merge.key_ranges_filter(spec, acc.key_ranges, acc.new_key_ranges)
-            tr.failed_expectations += gate.reconcile(written, base_live, live_after, folded, spec.key_columns, counts, main_df, keys)
-            _keep_live_rows(spark, spec, tr.branch_snapshot, live_after)
+            # the count's small jobs beside the key checks' (each leaves a core idle)
+            counting = Background(spark, lambda: tables.live_rows(written), "live-rows")
+            try:
+                keys = merge.key_ranges_filter(spec, acc.key_ranges, acc.new_key_ranges)
+                tr.failed_expectations += gate.reconcile(
+                    written, base_live, counting.result, folded, spec.key_columns, counts, main_df, keys
+                )
+            finally:
+                counting.wait()
+            _keep_live_rows(spark, spec, tr.branch_snapshot, counting.result())
         tr.status = Status.WRITTEN
     finally:
         release()

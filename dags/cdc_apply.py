@@ -86,7 +86,7 @@ with DAG(
         name="cdc_apply_{{ params.source }}",
         application_args=found["write_args"],
         result_file=found["result_file"],
-        pending_files=found["files"],
+        pending_files=found["pending"],
     )
 
     @task

@@ -378,8 +378,8 @@ def test_a_held_file_gone_from_the_archive_fails_the_batch_naming_it_until_force
 
     assert cli.main(["pending", "--source", name]) == 0
     pending = capsys.readouterr().out.splitlines()
-    for path in first["held_files"]:  # pending, and saying why
-        assert [line for line in pending if path in line and "held message(s), since " in line], pending
+    for path in first["held_files"]:  # pending, saying why, and still ending with the path (scripts, the nemesis, read it there)
+        assert [line for line in pending if line.split()[-1] == path and "held message(s), since " in line], pending
     holding = status()  # per table row, the source's held messages
     assert (holding["held_messages"], holding["held_files"], holding["held_files_gone"]) == (held_count, len(first["held_files"]), [])
     for path in first["held_files"]:
@@ -400,6 +400,64 @@ def test_a_held_file_gone_from_the_archive_fails_the_batch_naming_it_until_force
     assert not set(first["held_files"]) & set(state.get(HELD_KEY, {}))
     code, after = apply()  # the workload's last transaction never ends: its file is re-read, held again, nothing fails
     assert code == 0 and after["status"] == "complete" and GIVEN_UP not in after["messages"] and not after["failed_checks"], after
+
+
+def test_a_held_file_gone_while_nothing_else_is_pending_fails_the_run_not_nothing_to_do(spark, settings, tmp_path, monkeypatch, capsys):
+    """A quiet source (no new file) whose held file leaves the archive: no
+    batch would read it again and none would start, so each run (the CLI's,
+    and the DAG's discover + apply + finish) fails naming it instead of
+    ending *nothing to do*, until a force gives its messages up."""
+    import shutil
+
+    from airflow.sdk.exceptions import AirflowFailException  # first: importing Airflow puts its plugins folder on the path
+
+    from cdc_airflow.tasks import discover, finish
+    from cdc_apply import cli, ledger
+    from cdc_apply.batch import GIVEN_UP
+    from cdc_apply.config import Settings, get_source
+    from tests.nemesis.workload import sources_yaml, write_workload
+
+    name = "held_gone_quiet"
+    (tmp_path / "sources.yaml").write_text(sources_yaml(name, name))
+    monkeypatch.setenv("CDC_SOURCES_FILE", str(tmp_path / "sources.yaml"))
+    s = Settings.from_env()
+    root = Path(get_source(s, name).archive_path(s))
+    write_workload(root, seed=13, hours=2, per_hour=6)
+    shutil.move(root / "2026/01/01/01", tmp_path / "later")  # the hour that ends hour 0's transaction never comes
+
+    def apply(*extra: str) -> tuple[int, dict]:
+        code = cli.main(["apply", "--source", name, *extra])
+        # the result is the last line: with Airflow imported, its log lines go to the same stream
+        return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    code, first = apply()
+    assert code == 0 and first["status"] == "complete" and first["held_files"], first
+    held_count = first["messages"]["held"]
+    for path in first["held_files"]:
+        Path(path).unlink()
+    check = f"held_file_gone(files={len(first['held_files'])}, messages={held_count})"
+
+    # the CLI: without the check this run ends "nothing-to-do"
+    code, gone = apply()
+    assert code != 0 and gone["status"] == "failed" and gone["failed_checks"] == [check], gone
+    assert all(p in gone["message"] for p in first["held_files"]) and "--override force" in gone["message"]
+
+    # the DAG: discover offers the batch, its apply job fails naming the files, its finish fails the run
+    found = discover(name, None, "manual__quiet", None)
+    assert found["files"] == 0 and found["pending"] == len(first["held_files"]) and found["held_files_gone"] == sorted(first["held_files"])
+    assert cli.main(found["write_args"]) != 0
+    capsys.readouterr()
+    with pytest.raises(AirflowFailException, match="held"):
+        finish(found["result_file"])
+    failed = [r for r in ledger.Ledger(settings).batch_rows(name) if r["batch_id"] == found["batch_id"]]
+    assert failed and {r["status"] for r in failed} == {"failed"}
+
+    code, forced = apply("--override", "force", "--override-reason", "the capture was dropped; its archive expired")
+    assert code == 0 and forced["status"] == "complete" and forced["messages"] == {GIVEN_UP: held_count}, forced
+    assert not ledger.Ledger(settings).latest_decoder_state(name).get(HELD_KEY)
+    code, quiet = apply()
+    assert code == 0 and quiet["status"] == "nothing-to-do", quiet
+    assert discover(name, None, "manual__after", None)["pending"] == 0
 
 
 def test_a_held_file_an_operator_skipped_is_no_longer_held(spark, settings, tmp_path, monkeypatch, capsys):

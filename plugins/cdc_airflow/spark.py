@@ -35,8 +35,10 @@ class CdcSparkSubmitOperator(SparkSubmitOperator):
     template_fields = tuple(SparkSubmitOperator.template_fields) + ("result_file", "table", "pending_files")
 
     def __init__(self, *, result_file: str | None = None, table: str | None = None, pending_files: Any = None, **kwargs: Any) -> None:
-        """``pending_files``: how many files discovery found; 0 writes a nothing-to-do
-        result without starting Spark (an hour with no new files costs no JVM)."""
+        """``pending_files``: how many files the batch is about (discovery's
+        ``pending``: new files, or held files gone from the archive); 0 writes a
+        nothing-to-do result without starting Spark (an hour with no new files
+        costs no JVM)."""
         super().__init__(**kwargs)
         self.result_file = result_file
         self.table = table

@@ -98,7 +98,7 @@ def _discover(
     import re
 
     from cdc_apply.archive.files import write_manifest
-    from cdc_apply.batch import batch_id_for, pending_files
+    from cdc_apply.batch import batch_id_for, held_files_gone_while_quiet, held_gone_batch_id, pending_files
     from cdc_apply.config import Settings, get_source
     from cdc_apply.errors import ConfigError
     from cdc_apply.results import Override
@@ -118,6 +118,8 @@ def _discover(
     files = pending_files(settings, src, until=data_interval_end)
     if max_files:
         files = files[:max_files]
+    # nothing new, but held messages whose file left the archive: the batch runs, to fail naming them (or be forced)
+    gone = {} if files else held_files_gone_while_quiet(settings, src)[1]
     safe_run = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run_id)
     out = settings.home / "runs" / safe_run
     manifest = write_manifest(out / "files.json", files)
@@ -132,11 +134,13 @@ def _discover(
     return {
         "source": source,
         "files": len(files),
+        "held_files_gone": sorted(gone),
+        "pending": len(files) or len(gone),  # 0: the apply task records nothing to do without starting a job
         "bytes": sum(f.size for f in files),
         "manifest": str(manifest),
         "result_file": result_file,
         "write_args": write_args,
-        "batch_id": batch_id_for(source, files) if files else None,
+        "batch_id": batch_id_for(source, files) if files else (held_gone_batch_id(source, gone) if gone else None),
         "until": data_interval_end.isoformat() if data_interval_end else None,
     }
 

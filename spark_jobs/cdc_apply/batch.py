@@ -104,7 +104,7 @@ def run_batch(
     if max_files:
         files = files[:max_files]
     if not files:
-        return BatchResult(batch_id=None, source=source.name, status=Status.NOTHING_TO_DO, message="no pending files")
+        return _nothing_pending(settings, source, override, dry_run=dry_run, stages=stages)
     batch_id = batch_id_for(source.name, files)
     result = BatchResult(
         batch_id=batch_id,
@@ -175,6 +175,56 @@ def write_and_validate(
                 validate_batch(settings, result, spark, in_write_job=in_write_job, ahead=ahead)
         finally:
             ahead.close()
+
+
+def held_files_gone_while_quiet(settings: Settings, source: SourceConfig) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """For a source with no pending file: its state, and the files it holds
+    messages of that are gone from the archive (path -> held record).  No
+    batch reads such a file again, and with nothing pending no batch runs to
+    find it gone (``_held_files_gone``): without this a quiet source's runs
+    would end *nothing to do* while its held messages wait unseen."""
+    led = ledger.Ledger(settings)
+    rows = led.batch_rows(source.name)
+    state = dict(led.latest_decoder_state(source.name, rows))
+    if not state.get(held.HELD_KEY):
+        return state, {}
+    held.forget(state, ledger.applied_file_records_of(rows))  # an operator's skip marked them applied
+    return state, held.gone(state, [], archive_file_exists)
+
+
+def held_gone_batch_id(source: str, lost: dict[str, dict[str, Any]]) -> str:
+    """The id of the batch that fails on (or gives up) held files gone while
+    nothing else is pending: named by those files, as a batch by its own."""
+    digest = hashlib.sha256("\n".join(f"{p}:{rec['sha256']}" for p, rec in sorted(lost.items())).encode()).hexdigest()[:16]
+    return f"{source}_{digest}"
+
+
+def _nothing_pending(
+    settings: Settings, source: SourceConfig, override: Override | None, *, dry_run: bool, stages: tuple[str, ...]
+) -> BatchResult:
+    """No pending file: nothing to do, unless the source holds messages of
+    files gone from the archive (``held_files_gone_while_quiet``).  Then this
+    run is a batch of no file that fails naming them, as a batch with files
+    would; forced, it gives their messages up and records the source state
+    without them."""
+    state, lost = held_files_gone_while_quiet(settings, source)
+    if not lost:
+        return BatchResult(batch_id=None, source=source.name, status=Status.NOTHING_TO_DO, message="no pending files")
+    result = BatchResult(
+        batch_id=held_gone_batch_id(source.name, lost),
+        source=source.name,
+        status=Status.DRY_RUN if dry_run else Status.COMPLETE,
+        override=asdict(override) if override else None,
+    )
+    result.started_at = dt.datetime.now(dt.UTC).isoformat()
+    given_up = _held_files_gone(settings, result, state, [])
+    if given_up:
+        result.messages[GIVEN_UP] = given_up
+        result.source_state = state
+        result.message = f"no pending files; {given_up} held message(s) of {len(lost)} file(s) gone from the archive given up"
+    if not dry_run and "publish" in stages:
+        finish_batch(settings, result)
+    return result
 
 
 def skip_batch(settings: Settings, source: SourceConfig, result: BatchResult, *, dry_run: bool = False) -> BatchResult:

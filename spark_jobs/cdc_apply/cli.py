@@ -120,8 +120,9 @@ def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_pending(args: argparse.Namespace, settings: Settings) -> int:
-    """Files not yet applied, oldest first; a file an earlier batch applied
-    in part says how many of its messages are held, and since when."""
+    """Files not yet applied, oldest first, each line ending with its path; a
+    file an earlier batch applied in part says before it how many of its
+    messages are held, and since when."""
     from cdc_apply import ledger
     from cdc_apply.apply import held
     from cdc_apply.batch import pending_files
@@ -130,8 +131,8 @@ def cmd_pending(args: argparse.Namespace, settings: Settings) -> int:
     holding = ledger.Ledger(settings).latest_decoder_state(source.name).get(held.HELD_KEY) or {}
     for f in pending_files(settings, source, since=_ts(args.since), until=_ts(args.until)):
         rec = holding.get(f.path)
-        note = f"  (applied but for {held.messages(rec)} held message(s), since {rec.get(held.HELD_SINCE, '?')})" if rec else ""
-        print(f"{f.hour:%Y-%m-%dT%H}  {f.size:>10}  {f.path}{note}")
+        note = f"(applied but for {held.messages(rec)} held message(s), since {rec.get(held.HELD_SINCE, '?')})  " if rec else ""
+        print(f"{f.hour:%Y-%m-%dT%H}  {f.size:>10}  {note}{f.path}")  # the path last, as scripts read it
     return 0
 
 

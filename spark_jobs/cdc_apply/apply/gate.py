@@ -262,6 +262,15 @@ def _rows(cond: Column) -> Column:
     return F.coalesce(F.sum(F.when(cond, 1).otherwise(0)), F.lit(0))
 
 
+KEY_CHECKS = {
+    "duplicated": "reconcile_key_unique(keys={})",
+    "regressed": "reconcile_no_position_regression(rows={})",
+    "deleted_present": "reconcile_deleted_keys_absent(rows={})",
+    "upsert_missing": "reconcile_upserted_keys_present(rows={})",
+}
+"""``reconcile``'s checks over the batch's keys: the count each one sums -> the failed check's name."""
+
+
 def reconcile(
     branch: DataFrame,
     base_live: int,
@@ -275,11 +284,11 @@ def reconcile(
     """CDC reconciliation of the batch; returns the names of failed checks.
 
     ``base_live`` and ``live_after``: the live rows before and after the batch
-    (the caller's counts of the whole table, each kept for the next batch);
-    ``live_after`` may be how to get it, asked for after the other checks (a
-    count running beside them, ``table._write``).  The other checks join the batch's keys (broadcast while few enough) with the
-    branch and ``main``, whose scans ``key_filter`` prunes to the batch's key
-    ranges (``merge.key_ranges_filter``): they cost what the batch costs."""
+    (counts of the whole table, each kept for the next batch); ``live_after``
+    may be a count still running, asked for after the other checks.  Those
+    join the batch's keys (broadcast while few) with the branch and ``main``,
+    whose scans ``key_filter`` prunes to the batch's key ranges
+    (``merge.key_ranges_filter``): they cost what the batch costs."""
     keys = [quote(k) for k in key_columns]
     batch_keys = folded.select(*keys)
     if counts.get("keys", 0) <= compact.BROADCAST_ROWS_MAX:
@@ -316,10 +325,4 @@ def reconcile(
     expected, got = base_live + counts["inserted"] - counts["deleted"], live_after if isinstance(live_after, int) else live_after()
     if got != expected:
         failed.append(f"reconcile_live_row_count(expected={expected}, got={got})")
-    checks = {
-        "duplicated": "reconcile_key_unique(keys={})",
-        "regressed": "reconcile_no_position_regression(rows={})",
-        "deleted_present": "reconcile_deleted_keys_absent(rows={})",
-        "upsert_missing": "reconcile_upserted_keys_present(rows={})",
-    }
-    return failed + [name.format(bad[k]) for k, name in checks.items() if bad[k]]
+    return failed + [name.format(bad[k]) for k, name in KEY_CHECKS.items() if bad[k]]

@@ -177,3 +177,21 @@ def test_identifier_check_accepts_quoted_hostile_names(name):
     from cdc_apply.decode.base import check_identifier
 
     assert check_identifier(name, "column") == name
+
+
+def test_a_batch_id_is_the_digest_of_its_files_in_hour_order():
+    """A batch's id never changes between releases: the ledger and the audit
+    branches know a failed batch by it, and its retry must find them."""
+    import datetime as dt
+    import hashlib
+
+    from cdc_apply.archive.files import ArchiveFile
+    from cdc_apply.batch import batch_id_for, held_gone_batch_id
+
+    late = ArchiveFile(dt.datetime(2026, 1, 1, 5, tzinfo=dt.UTC), "a/late.jsonl", 3, "c" * 64)
+    early = ArchiveFile(dt.datetime(2026, 1, 1, 4, tzinfo=dt.UTC), "z/early.jsonl", 5, "d" * 64)
+    lines = f"z/early.jsonl:{'d' * 64}\na/late.jsonl:{'c' * 64}"  # by hour, not by path
+    assert batch_id_for("src", [late, early]) == "src_" + hashlib.sha256(lines.encode()).hexdigest()[:16]
+    lost = {"z/early.jsonl": {"sha256": "d" * 64}, "a/late.jsonl": {"sha256": "c" * 64}}
+    by_path = f"a/late.jsonl:{'c' * 64}\nz/early.jsonl:{'d' * 64}"
+    assert held_gone_batch_id("src", lost) == "src_" + hashlib.sha256(by_path.encode()).hexdigest()[:16]

@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,14 @@ Known = tuple[dict[tuple[str, str | None], int] | None, list | None]
 
 
 def batch_id_for(source: str, files: list[ArchiveFile]) -> str:
-    digest = hashlib.sha256("\n".join(f"{f.path}:{f.sha256}" for f in sorted(files)).encode()).hexdigest()[:16]
+    return _batch_id(source, ((f.path, f.sha256) for f in sorted(files)))  # by hour, then path
+
+
+def _batch_id(source: str, files: Iterable[tuple[str, str]]) -> str:
+    """A batch's id: its source and a digest of its files' (path, SHA-256),
+    in the order given (an id never changes: the ledger and the audit
+    branches know a batch by it)."""
+    digest = hashlib.sha256("\n".join(f"{path}:{sha}" for path, sha in files).encode()).hexdigest()[:16]
     return f"{source}_{digest}"
 
 
@@ -195,8 +203,7 @@ def held_files_gone_while_quiet(settings: Settings, source: SourceConfig) -> tup
 def held_gone_batch_id(source: str, lost: dict[str, dict[str, Any]]) -> str:
     """The id of the batch that fails on (or gives up) held files gone while
     nothing else is pending: named by those files, as a batch by its own."""
-    digest = hashlib.sha256("\n".join(f"{p}:{rec['sha256']}" for p, rec in sorted(lost.items())).encode()).hexdigest()[:16]
-    return f"{source}_{digest}"
+    return _batch_id(source, ((path, rec["sha256"]) for path, rec in sorted(lost.items())))
 
 
 def _nothing_pending(
@@ -217,7 +224,7 @@ def _nothing_pending(
         override=asdict(override) if override else None,
     )
     result.started_at = dt.datetime.now(dt.UTC).isoformat()
-    given_up = _held_files_gone(settings, result, state, [])
+    given_up = _judge_held_files_gone(result, state, lost)
     if given_up:
         result.messages[GIVEN_UP] = given_up
         result.source_state = state
@@ -355,7 +362,13 @@ def _held_files_gone(settings: Settings, result: BatchResult, state: dict[str, A
     if held.unread(state, files):  # rare: only then is the ledger asked
         for path in held.forget(state, ledger.Ledger(settings).applied_file_records(result.source)):
             log.info("batch %s: %s is applied (an operator's skip): its held lines are held no longer", result.batch_id, path)
-    lost = held.gone(state, files, archive_file_exists)
+    return _judge_held_files_gone(result, state, held.gone(state, files, archive_file_exists))
+
+
+def _judge_held_files_gone(result: BatchResult, state: dict[str, Any], lost: dict[str, dict[str, Any]]) -> int | None:
+    """``_held_files_gone`` once the gone files are known: 0 when none is; the
+    messages given up under *force*; None when the batch fails (``result``
+    says which files and the ways on)."""
     if not lost:
         return 0
     n = sum(held.messages(rec) for rec in lost.values())

@@ -160,3 +160,40 @@ def test_rebuild_of_a_source_whose_transactions_are_torn_across_hours_equals_the
     code = cli.main(["rebuild", "--source", name])
     reports = {r["table"]: r for r in json.loads(capsys.readouterr().out)}
     assert code == 0 and all(r["equal"] for r in reports.values()), reports
+
+
+def test_rebuild_lets_through_the_transaction_an_operator_forced_on_the_live_source(spark, settings, tmp_path, monkeypatch, capsys):
+    """A transaction that never ends, held past the source's limit and forced
+    through by an operator: the replay, whose own clock would hold it again
+    (it is minutes old there), lets it through as the live source did."""
+    import time
+
+    from cdc_apply import cli
+    from cdc_apply.apply.transactions import FORCED_KEY
+    from cdc_apply.batch import pending_files, run_batch
+    from cdc_apply.config import Settings, get_source
+    from cdc_apply.ledger import Ledger
+    from cdc_apply.results import Override
+    from tests.nemesis.workload import sources_yaml, write_workload
+
+    name = "rebuild_forced"
+    # a second's hold is too long here: the hourly runs hold it, the next fails on it
+    (tmp_path / "sources.yaml").write_text(sources_yaml(name, name) + "    transaction_max_hold_hours: 0.0003\n")
+    monkeypatch.setenv("CDC_SOURCES_FILE", str(tmp_path / "sources.yaml"))
+    s = Settings.from_env()
+    source = get_source(s, name)
+    write_workload(Path(source.archive_path(s)), seed=21, hours=3, per_hour=6)
+    for hour in range(3):
+        r = run_batch(s, name, pending_files(s, source, until=dt.datetime(2026, 1, 1, hour + 1, tzinfo=dt.UTC)), spark=spark)
+        assert r.status == "complete", r.to_json()
+    assert r.held_files  # the last hour's last orders transaction never ends
+    time.sleep(2)
+    late = run_batch(s, name, pending_files(s, source), spark=spark)
+    assert late.status == "failed" and late.failed_checks[0].startswith("transaction_hold_age"), late.to_json()
+    forced = run_batch(s, name, pending_files(s, source), spark=spark, override=Override("force", "its END is lost", "ops"))
+    assert forced.status == "complete" and not forced.held_files, forced.to_json()
+    assert len(Ledger(s).latest_decoder_state(name)[FORCED_KEY]) == 1
+    capsys.readouterr()
+    code = cli.main(["rebuild", "--source", name])
+    reports = {r["table"]: r for r in json.loads(capsys.readouterr().out)}
+    assert code == 0 and all(r["equal"] for r in reports.values()), reports

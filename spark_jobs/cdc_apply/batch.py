@@ -441,12 +441,15 @@ def _transactions_to_hold(
     some were held longer than the source's maximum (an operator's *force*
     applies those as they are)."""
     late = transactions.overdue(incomplete, state.get(held.HELD_KEY) or {}, source.max_hold_hours)
+    # a rebuild's replay: what the live source's operator forced through, whatever the replay's clock says
+    late |= {i.group: f"{i.reason()}, forced through on the live source" for i in incomplete if i.group in source.forced_transactions}
     if not late:
         return incomplete
     shown = "; ".join(list(late.values())[:5]) + (f"; and {len(late) - 5} more" if len(late) > 5 else "")
     what = f"{len(late)} source transaction(s) of {source.name} held longer than {source.max_hold_hours} h (publish: transactions): {shown}"
     check = f"transaction_hold_age(max_hours={source.max_hold_hours}, transactions={len(late)})"
     if _held_too_long(result, check, what, "archive the missing messages (or release them from quarantine) and re-run"):
+        state[transactions.FORCED_KEY] = sorted(set(state.get(transactions.FORCED_KEY) or ()) | set(late))
         return [i for i in incomplete if i.group not in late]
     return None
 

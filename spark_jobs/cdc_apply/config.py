@@ -298,6 +298,11 @@ class SourceConfig:
     envelope: str | None = None
     """CockroachDB only: ``row`` reads a key without a value as an
     ``envelope=row`` delete (it is otherwise refused as ``key_only``)."""
+    forced_transactions: frozenset[str] = frozenset()
+    """Never from the sources file: a rebuild's replay (``rebuild.py``) lets
+    these source transactions through as they are, as an operator's *force*
+    did on the live source (``transactions.FORCED_KEY``), where the replay's
+    own clock would hold them."""
 
     def decode_options(self) -> dict[str, str]:
         """The options decoders read (``DecodeContext.options``)."""

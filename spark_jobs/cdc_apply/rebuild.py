@@ -8,6 +8,12 @@ The one documented exception: a tombstone that table maintenance purged from
 the live table (older than the tombstone retention) is still in the rebuilt
 one; it is counted, not a difference, when the live table's history has a
 maintenance delete and the key has no row at all in the live table.
+
+Transactions an operator's *force* let through incomplete on the live source
+(held past ``transaction_max_hold_hours``) are let through by the replay too
+(``rebuild_source``).  Not so events a CockroachDB source's force let past
+its resolved watermark: the replay holds those again, and they show as rows
+only the live table has.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc_apply import ledger
-from cdc_apply.apply import held
+from cdc_apply.apply import held, transactions
 from cdc_apply.apply.compact import quote
 from cdc_apply.apply.tables import existing_schema, sql_string, table_properties
 from cdc_apply.archive.files import ArchiveFile
@@ -41,10 +47,15 @@ RUN_DEPENDENT = frozenset({"_cdc_batch_id", "_cdc_applied_at", "batch_id"})
 (the rebuild's batches are other batches)."""
 
 
-def rebuild_source(source: SourceConfig) -> SourceConfig:
+def rebuild_source(source: SourceConfig, forced: list[str] | None = None) -> SourceConfig:
     """The source the replay applies as: its own name (ledger rows, decoder
-    state) and namespace, the same format, keys and options."""
-    return dataclasses.replace(source, name=source.name + SUFFIX, namespace=source.namespace + SUFFIX)
+    state) and namespace, the same format, keys and options; ``forced``: the
+    transactions an operator's force let through on the live source
+    (``transactions.FORCED_KEY``), which the replay lets through too: its
+    clock, minutes long, would hold them."""
+    return dataclasses.replace(
+        source, name=source.name + SUFFIX, namespace=source.namespace + SUFFIX, forced_transactions=frozenset(forced or ())
+    )
 
 
 def replay_files(settings: Settings, source: SourceConfig) -> list[ArchiveFile]:
@@ -103,7 +114,7 @@ def replay(spark: SparkSession, settings: Settings, source: SourceConfig, table:
     """Replay the source's applied files into the rebuild namespace, one batch
     per hour; forced past the gate (the comparison is the check); a batch
     that fails stops the rebuild."""
-    rb = rebuild_source(source)
+    rb = rebuild_source(source, ledger.Ledger(settings).latest_decoder_state(source.name).get(transactions.FORCED_KEY))
     reset(spark, settings, rb)
     force = Override.parse("force", "rebuild from zero: compared with the live tables afterwards", "cdc rebuild")
     holding: list[ArchiveFile] = []

@@ -145,6 +145,10 @@ def mates(groups: list[list[str]], table: str) -> list[str]:
 
 
 RESOLVED = "resolved-watermark"
+FORCED_KEY = "_cdc_forced_transactions"
+"""Source-state key: the source transactions an operator's *force* let
+through incomplete (sorted); a rebuild's replay lets the same through
+(``config.SourceConfig.forced_transactions``)."""
 RESOLVED_KEY = "_cdc_resolved"
 """Source-state key (CockroachDB): stream -> the highest resolved timestamp it emitted."""
 WATERMARK_REASON = "after the resolved timestamp"

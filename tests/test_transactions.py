@@ -111,6 +111,14 @@ def test_a_transaction_held_too_long_fails_the_batch_and_force_applies_it(spark,
     )
     assert forced.status == "complete", forced.message
     assert state_of(spark, settings, ns, "orders") == {"1": ("o1", "1.00")}
+    assert forced.source_state[transactions.FORCED_KEY] == ["T9"]
+    # its missing event turns up later (released from quarantine): readers saw T9 in part, so it applies at once
+    b = f"/virtual/{ns}/b.jsonl"
+    rest = [tx(event("u", 1, {"name": "o1b", "amount": "2.00"}, pos=11, file=b, line=1, table="orders"), "T9", 2)]
+    after = apply_events(spark, settings, ns, rest, publish="transactions", decoder_state=forced.source_state)
+    assert after.status == "complete" and after.messages.get("held", 0) == 0, after.to_json()
+    assert state_of(spark, settings, ns, "orders") == {"1": ("o1b", "2.00")}
+    assert after.source_state[transactions.FORCED_KEY] == ["T9"]
 
 
 def test_a_failed_gate_holds_back_the_tables_that_shared_a_transaction_with_it(spark, settings, tmp_path):

@@ -439,10 +439,17 @@ def _transactions_to_hold(
 ) -> list[transactions.Incomplete] | None:
     """The incomplete transactions to hold; None when the batch fails because
     some were held longer than the source's maximum (an operator's *force*
-    applies those as they are)."""
+    applies those as they are, and records them).  Events of a transaction
+    forced earlier (or, in a rebuild's replay, on the live source) apply as
+    they come: readers have seen it in part already, holding the rest would
+    only delay it, and a replay, whose batches are not the live ones, agrees."""
+    forced = set(state.get(transactions.FORCED_KEY) or ()) | source.forced_transactions
+    through = sorted(i.group for i in incomplete if i.group in forced)
+    if through:
+        log.warning("batch %s: applying events of %d transaction(s) forced through earlier: %s", result.batch_id, len(through), through[:5])
+        state[transactions.FORCED_KEY] = sorted(set(state.get(transactions.FORCED_KEY) or ()) | set(through))
+        incomplete = [i for i in incomplete if i.group not in forced]
     late = transactions.overdue(incomplete, state.get(held.HELD_KEY) or {}, source.max_hold_hours)
-    # a rebuild's replay: what the live source's operator forced through, whatever the replay's clock says
-    late |= {i.group: f"{i.reason()}, forced through on the live source" for i in incomplete if i.group in source.forced_transactions}
     if not late:
         return incomplete
     shown = "; ".join(list(late.values())[:5]) + (f"; and {len(late) - 5} more" if len(late) > 5 else "")

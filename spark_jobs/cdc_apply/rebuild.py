@@ -58,13 +58,14 @@ def rebuild_source(source: SourceConfig, forced: list[str] | None = None) -> Sou
     )
 
 
-def replay_files(settings: Settings, source: SourceConfig) -> list[ArchiveFile]:
+def replay_files(settings: Settings, source: SourceConfig, rows: list[dict[str, Any]] | None = None) -> list[ArchiveFile]:
     """The files of the source's complete batches (not those an operator
     skipped: they were never applied), and the files it holds lines of
     (applied but for those: ``held.py``), found in the archive; a recorded
-    file missing from it refuses the rebuild (it cannot be replayed)."""
+    file missing from it refuses the rebuild (it cannot be replayed).
+    ``rows``: the source's ``Ledger.batch_rows``, when the caller has read them."""
     led = ledger.Ledger(settings)
-    rows = led.batch_rows(source.name)
+    rows = led.batch_rows(source.name) if rows is None else rows
     complete = [r for r in rows if r["table_name"] == "*" and r["status"] == Status.COMPLETE]
     recorded = {f["path"]: (f["size"], f["sha256"]) for r in complete for f in r["files"] or []}
     holding = led.latest_decoder_state(source.name, rows).get(held.HELD_KEY) or {}
@@ -114,11 +115,14 @@ def replay(spark: SparkSession, settings: Settings, source: SourceConfig, table:
     """Replay the source's applied files into the rebuild namespace, one batch
     per hour; forced past the gate (the comparison is the check); a batch
     that fails stops the rebuild."""
-    rb = rebuild_source(source, ledger.Ledger(settings).latest_decoder_state(source.name).get(transactions.FORCED_KEY))
+    led = ledger.Ledger(settings)
+    rows = led.batch_rows(source.name)
+    rb = rebuild_source(source, led.latest_decoder_state(source.name, rows).get(transactions.FORCED_KEY))
+    applied = replay_files(settings, source, rows)
     reset(spark, settings, rb)
     force = Override.parse("force", "rebuild from zero: compared with the live tables afterwards", "cdc rebuild")
     holding: list[ArchiveFile] = []
-    for files in by_hour(replay_files(settings, source)):
+    for files in by_hour(applied):
         # as discovery offers them: a file with held lines again, until they are released
         batch = sorted(set(files) | set(holding))
         result = run_batch(settings, rb, batch, spark=spark, table_filter=table_filter(source, table) if table else None, override=force)

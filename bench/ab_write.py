@@ -10,7 +10,10 @@ batches (same files: the ledger is per table), applied in alternating order:
   (the counts withheld);
 
 ``cow`` tables copy-on-write, ``mor`` merge-on-read (``write.merge.mode``,
-``write.update.mode``, ``write.delete.mode``).  Per batch: wall time of
+``write.update.mode``, ``write.delete.mode``).  A suffix sets the Parquet
+codec of the table and its change log (``CODECS``): ``cow_split_snappy``,
+``cow_split_zstd1`` (zstd at level 1; Iceberg's default is zstd at
+parquet-java's level 3).  Per batch: wall time of
 ``run_batch`` and the number of Spark jobs.  Targets are not judged here:
 ``bench.run`` is the benchmark; this isolates the write's choices::
 
@@ -31,6 +34,14 @@ from bench import workload as wl
 
 VARIANTS = ("cow_split", "cow_merge", "mor_split", "mor_merge")
 MOR = ("write.merge.mode", "write.update.mode", "write.delete.mode")
+CODECS = {
+    "_snappy": {"write.parquet.compression-codec": "snappy"},
+    "_zstd1": {"write.parquet.compression-codec": "zstd", "write.parquet.compression-level": "1"},
+}
+
+
+def _codec_props(variant: str) -> dict[str, str]:
+    return next((props for suffix, props in CODECS.items() if variant.endswith(suffix)), {})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,12 +82,18 @@ def main(argv: list[str] | None = None) -> int:
             ident = C.project_table(settings, v)
             props = ", ".join(f"'{k}'='merge-on-read'" for k in MOR)
             spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ({props})")
+        if _codec_props(v):
+            ident = C.project_table(settings, v)
+            props = ", ".join(f"'{k}'='{val}'" for k, val in _codec_props(v).items())
+            for t_ident in (ident, ident + "_changes"):
+                if spark.catalog.tableExists(t_ident):
+                    spark.sql(f"ALTER TABLE {t_ident} SET TBLPROPERTIES ({props})")
         print(f"[ab] {v}: {args.base_rows} rows ({t:.1f}s)", flush=True)
     results: dict[str, list[dict[str, Any]]] = {}
     for i, (kind, files) in enumerate(batches):
         order = variants if i % 2 == 0 else list(reversed(variants))
         for v in order:
-            merge.merge_changes = one_merge if v.endswith("_merge") else real  # type: ignore[assignment]
+            merge.merge_changes = one_merge if "_merge" in v else real  # type: ignore[assignment]
             group = f"ab:{v}:{i}"
             C._job_group(spark, group)
             t0 = time.perf_counter()

@@ -128,8 +128,11 @@ def cmd_pending(args: argparse.Namespace, settings: Settings) -> int:
     from cdc_apply.batch import pending_files
 
     source = get_source(settings, args.source)
-    holding = ledger.Ledger(settings).latest_decoder_state(source.name).get(held.HELD_KEY) or {}
-    for f in pending_files(settings, source, since=_ts(args.since), until=_ts(args.until)):
+    led = ledger.Ledger(settings)
+    rows = led.batch_rows(source.name)  # read once: the held files and the applied ones
+    holding = led.latest_decoder_state(source.name, rows).get(held.HELD_KEY) or {}
+    records = ledger.applied_file_records_of(rows)
+    for f in pending_files(settings, source, since=_ts(args.since), until=_ts(args.until), records=records):
         rec = holding.get(f.path)
         note = f"(applied but for {held.messages(rec)} held message(s), since {rec.get(held.HELD_SINCE, '?')})  " if rec else ""
         print(f"{f.hour:%Y-%m-%dT%H}  {f.size:>10}  {note}{f.path}")  # the path last, as scripts read it
